@@ -1,0 +1,1 @@
+"""Update rules, one readable file each."""

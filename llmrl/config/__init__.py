@@ -1,0 +1,96 @@
+"""Typed parameters: one pydantic model per params.yaml section. The only package that knows param names.
+
+Foundation sections live here; each method keeps its sections in a module of its own
+(``llmrl.config.glam``, ``llmrl.config.math``, ``llmrl.config.teach``) built on ``Section``.
+
+Stage scripts call ``load_section(params, "demos", DemosParams)``; an unknown key, a wrong type or an
+out-of-range value raises ``ParamsError`` naming the key path (``demos.episodes: must be > 0, got -3``)
+before the stage writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class ParamsError(ValueError):
+    """Invalid parameters; the message names every offending key path."""
+
+
+class Section(BaseModel):
+    """Base of every params section: unknown keys are errors, values are validated on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+
+
+def _format_error(section: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join([section, *[str(p) for p in e["loc"]]])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"{path}: required key missing")
+        else:
+            msg = e["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
+            if e["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+                msg = "must be " + msg.replace("greater than or equal to", ">=").replace(
+                    "greater than", ">").replace("less than or equal to", "<=").replace("less than", "<")
+            lines.append(f"{path}: {msg}, got {e.get('input')!r}")
+    return "\n".join(lines)
+
+
+def read_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML ({err})") from err
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: top level must be a mapping of sections")
+    return data
+
+
+def load_section(params: dict[str, Any], section: str, model: type[T]) -> T:
+    """Validate ``params[section]`` (a dotted path like ``glam.train`` is allowed) against ``model``."""
+    node: Any = params
+    for part in section.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ParamsError(f"{section}: section missing from params")
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ParamsError(f"{section}: must be a mapping, got {node!r}")
+    try:
+        return model.model_validate(node)
+    except ValidationError as err:
+        raise ParamsError(_format_error(section, err)) from None
+
+
+# ---------------------------------------------------------------------------------------------- foundation
+
+
+class BaseLLMParams(Section):
+    spec: str = Field("embedded:smollm2-135m-instruct",
+                      description="model spec: embedded:<name>, a local folder, a hub name, or tiny")
+
+
+class DemosParams(Section):
+    envs: list[str] = Field(min_length=1, description="BabyAI level ids to record bot demonstrations on")
+    episodes: int = Field(gt=0, description="episodes per level")
+    seed: int = Field(ge=0, description="first level seed; episode i uses seed + i")
+    max_steps: int | None = Field(None, gt=0, description="cut episodes after this many steps (None: env limit)")
+
+
+class EvalBaselinesParams(Section):
+    episodes: int = Field(gt=0, description="evaluation episodes per policy, level and mode")
+    seed: int = Field(ge=0, description="first evaluation seed; kept apart from demos seeds")
+    policies: list[Literal["bot", "random"]] = Field(min_length=1)

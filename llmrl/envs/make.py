@@ -1,0 +1,61 @@
+"""Seeded construction of any registered gymnasium environment."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+
+import gymnasium as gym
+
+log = logging.getLogger(__name__)
+
+
+def _register_all() -> None:
+    """Import the packages (and our modules) that register environment ids with gymnasium."""
+    import importlib
+
+    import minigrid  # noqa: F401  (importing it registers MiniGrid-* and BabyAI-*)
+
+    for module in ("llmrl.envs.babyai_text", "llmrl.envs.doorkey"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+
+
+class QuietReset(gym.Wrapper):
+    """Keep BabyAI's level-generation chatter ("Sampling rejected: ...", printed to stdout) out of logs.
+
+    The count of swallowed lines is kept in ``rejected_samples`` for anyone who wants it.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.rejected_samples = 0
+
+    def reset(self, **kwargs):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            out = self.env.reset(**kwargs)
+        self.rejected_samples += buf.getvalue().count("Sampling rejected")
+        return out
+
+
+def make_env(env_id: str, seed: int | None = None, **kwargs) -> gym.Env:
+    """``gymnasium.make(env_id, **kwargs)``, quiet, with its first reset and action space seeded by ``seed``.
+
+    Later resets continue the environment's own RNG stream, so a fixed seed fixes the whole sequence of
+    episodes. Raises ``gymnasium.error.Error`` naming the id if it is not registered.
+    """
+    _register_all()
+    try:
+        env = gym.make(env_id, **kwargs)
+    except gym.error.NameNotFound as err:
+        raise gym.error.NameNotFound(f"make_env: unknown environment id {env_id!r} ({err})") from err
+    env = QuietReset(env)
+    if seed is not None:
+        env.action_space.seed(seed)
+        env.reset(seed=seed)
+    return env

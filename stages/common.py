@@ -1,0 +1,39 @@
+"""Shared start of every stage script: keep caches inside the repo, read and validate one params section.
+
+Every stage lists this file as a dependency in dvc.yaml.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Nothing writes to $HOME: HF, Prefect, matplotlib and friends keep their state under .cache/ (ignored).
+_CACHE = ROOT / ".cache"
+for var, sub in [("HF_HOME", "hf"), ("PREFECT_HOME", "prefect"), ("MPLCONFIGDIR", "matplotlib"),
+                 ("XDG_CACHE_HOME", "xdg"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                 ("TRITON_CACHE_DIR", "triton")]:
+    os.environ.setdefault(var, str(_CACHE / sub))
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+from llmrl.config import ParamsError, load_section, read_params  # noqa: E402
+
+log = logging.getLogger("llmrl.stage")
+
+
+def stage_params(section: str, model, params_file: str | os.PathLike = ROOT / "params.yaml"):
+    """The validated params section; on invalid params print the key paths and exit 2 before any write."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return load_section(read_params(params_file), section, model)
+    except ParamsError as err:
+        print(f"invalid params for stage {section!r}:\n{err}", file=sys.stderr)
+        raise SystemExit(2) from None
