@@ -18,6 +18,7 @@ for var, sub in [("HF_HOME", "hf"), ("PREFECT_HOME", "prefect"), ("MPLCONFIGDIR"
                  ("XDG_CACHE_HOME", "xdg"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                  ("TRITON_CACHE_DIR", "triton")]:
     os.environ.setdefault(var, str(_CACHE / sub))
+    Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")

@@ -170,6 +170,7 @@ class TrajectoryReader:
             raise TrajectoryFormatError(f"{self.path}: attribute 'format' is {attrs.get('format')!r}, "
                                         f"expected {FORMAT_NAME!r}")
         version = attrs.get("schema_version")
+        version = version.item() if isinstance(version, np.generic) else version
         if version != SCHEMA_VERSION:
             self.file.close()
             raise TrajectoryFormatError(f"{self.path}: field 'schema_version' is {version!r}; "
@@ -186,6 +187,12 @@ class TrajectoryReader:
         name = self._names[i]
         g = self.file["episodes"][name]
         where = f"{self.path}: episodes/{name}"
+        for required in ("observations", "rewards", "terminated", "truncated"):
+            if required not in g:
+                raise TrajectoryFormatError(f"{where}: missing field {required!r}")
+        for required in ("env_id", "seed", "policy", "mission", "info"):
+            if required not in g.attrs:
+                raise TrajectoryFormatError(f"{where}: missing attribute {required!r}")
         try:
             obs = {}
             for key, ds in g["observations"].items():
@@ -203,8 +210,6 @@ class TrajectoryReader:
                 policy=str(g.attrs["policy"]),
                 info=json.loads(g.attrs["info"]),
             )
-        except KeyError as err:
-            raise TrajectoryFormatError(f"{where}: missing field {err.args[0]!r}") from err
         except ValueError as err:
             raise TrajectoryFormatError(f"{where}: inconsistent fields ({err})") from err
 

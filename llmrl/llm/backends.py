@@ -65,7 +65,8 @@ class OpenAIChatBackend:
 
         self.model = model
         self.base_url = base_url
-        self.model_id = f"openai:{model}@{base_url}"
+        # The endpoint is not part of the identity: the same model served elsewhere replays the same cache.
+        self.model_id = f"openai:{model}"
         # Local servers need no key; the client insists on a non-empty string.
         key = os.environ.get(api_key_env) or "no-key"
         self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=max_retries, timeout=timeout_s)

