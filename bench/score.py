@@ -1,0 +1,100 @@
+"""Benchmark: candidate scoring with the prompt's KV cache reused vs. one full sequence per candidate.
+
+Embedded SmolLM2-135M-Instruct, GLAM's six BabyAI action strings, ~150-token chat prompts. Both methods run
+in this process on the same prompts; the figure of merit is the ratio of their rates (target >= 3x) with
+log-probabilities equal within 1e-4. Writes bench/results/score.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "stages"))
+import common  # noqa: E402,F401  (keeps caches under .cache/)
+
+from llmrl.io import write_json  # noqa: E402
+from llmrl.llm import load_model, score, score_naive  # noqa: E402
+
+ACTIONS = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle"]
+TARGET = 3.0
+N_PROMPTS, REPEATS = 8, 3
+
+
+def babyai_prompt(i: int) -> str:
+    colours = ["red", "green", "blue", "purple", "yellow", "grey"]
+    objects = ["ball", "key", "box"]
+    obs = [
+        f"You see a {colours[(i + k) % 6]} {objects[(i + k) % 3]} {k + 1} steps left and {k % 3 + 1} steps forward"
+        for k in range(3)
+    ]
+    lines = [
+        "Possible action of the agent: turn left, turn right, go forward, pick up, drop, toggle",
+        f"Goal of the agent: go to the {colours[i % 6]} {objects[i % 3]}",
+    ]
+    for t in range(3):
+        lines.append(f"Observation {t}: " + ", ".join(obs[t:] + ["You see a wall 3 steps forward"]))
+        if t < 2:
+            lines.append(f"Action {t}: {ACTIONS[(i + t) % 6]}")
+    lines.append("Action 2:")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    llm = load_model(os.environ.get("LLMRL_BENCH_MODEL", "embedded:smollm2-135m-instruct"))
+    prompts = [llm.render(babyai_prompt(i)) for i in range(N_PROMPTS)]
+    candidates = [" " + a for a in ACTIONS]
+    prompt_tokens = [len(llm.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+
+    score(llm, prompts[:2], candidates)  # warm-up
+    naive_t, fast_t, fast1_t = [], [], []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        naive = score_naive(llm, prompts, candidates)
+        naive_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fast = score(llm, prompts, candidates, batch_size=4)
+        fast_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        score(llm, prompts, candidates, batch_size=1)
+        fast1_t.append(time.perf_counter() - t)
+    diff = max(float(np.abs(a.logprob - b.logprob).max()) for a, b in zip(naive, fast))
+    n_scores = N_PROMPTS * len(candidates)
+    naive_rate = n_scores / statistics.median(naive_t)
+    fast_rate = n_scores / statistics.median(fast_t)
+    result = {
+        "benchmark": "score",
+        "model": llm.spec,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+        "prompts": N_PROMPTS,
+        "candidates": candidates,
+        "prompt_tokens_mean": float(np.mean(prompt_tokens)),
+        "repeats": REPEATS,
+        "naive_seconds": naive_t,
+        "kv_reuse_batch4_seconds": fast_t,
+        "kv_reuse_batch1_seconds": fast1_t,
+        "naive_scores_per_s": naive_rate,
+        "kv_reuse_scores_per_s": fast_rate,
+        "kv_reuse_batch1_scores_per_s": n_scores / statistics.median(fast1_t),
+        "ratio": fast_rate / naive_rate,
+        "target_ratio": TARGET,
+        "max_abs_logprob_diff": diff,
+        "passed": bool(fast_rate / naive_rate >= TARGET and diff <= 1e-4),
+    }
+    write_json(ROOT / "bench" / "results" / "score.json", result)
+    print(json.dumps({k: result[k] for k in ("ratio", "max_abs_logprob_diff", "passed", "prompt_tokens_mean")}))
+
+
+if __name__ == "__main__":
+    main()
