@@ -1,7 +1,7 @@
 """Stage eval_baselines: the BabyAI bot and a random policy through the evaluation harness.
 
-Writes metrics/baselines.json (rates with 95% CIs, greedy and sampled apart), a per-episode table and a
-dvclive bar plot of success per policy and level.
+Writes metrics/baselines.json (rates with 95% CIs, greedy and sampled apart), a per-episode table, and
+through dvclive a flat summary (for `dvc exp show`) and a bar plot of success per policy and level.
 """
 
 from common import ROOT, log, stage_params  # isort: skip
@@ -32,7 +32,8 @@ def main() -> None:
                 result = evaluate(factory(), env, seeds, mode=mode)
                 s = result.summary()
                 metrics.setdefault(env_id, {})[f"{name}_{mode}"] = s
-                rows.append({"policy": f"{name} ({mode})", "level": env_id, "success_rate": s["success_rate"],
+                live.log_metric(f"{env_id}/{name}_{mode}/success_rate", s["success_rate"], plot=False)
+                rows.append({"policy": f"{env_id.removeprefix('BabyAI-')}: {name} ({mode})", "level": env_id, "success_rate": s["success_rate"],
                              "ci_low": s["success_ci95"][0], "ci_high": s["success_ci95"][1]})
                 write_json(ROOT / "metrics" / "baselines" / f"{env_id}_{name}_{mode}_episodes.json",
                            result.table())
