@@ -1,0 +1,85 @@
+"""The few-shot stepwise math solver: its prompt, whole-solution generation, and saving/loading trained policies.
+
+The prompt is LLM_RL's: a system prompt asking for one step per line with ``<<expr=result>>`` annotations and a
+closing "The answer is: X", k solved train problems as user/assistant pairs, then the problem. A partial
+solution is an assistant message that the chat template continues (``LLM.render``), so the state after n
+lines is the state after n-1 lines plus one line: one sequence holds a whole episode.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from llmrl.data.math_answers import ANSWER_PHRASE, answers_match, extract_answer
+from llmrl.llm import LLM, SamplingConfig, load_model
+from llmrl.llm.prefix import generate_shared_prefix
+
+SYSTEM_PROMPT = (
+    "You solve math word problems step by step. Write one short step per line. Write every calculation as "
+    f"<<expression=result>>. The last line must be '{ANSWER_PHRASE} X' where X is the final number."
+)
+
+
+def build_messages(problem: str, shots: Sequence[dict]) -> list[dict]:
+    """System prompt, the few-shot pairs (train problems with their solutions), then ``problem``."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for shot in shots:
+        messages += [{"role": "user", "content": shot["problem"]},
+                     {"role": "assistant", "content": shot["solution"]}]
+    return messages + [{"role": "user", "content": problem}]
+
+
+def render_state(llm: LLM, messages: list[dict], solution: str) -> str:
+    """The text the model continues: the chat prompt, with ``solution`` (lines so far) as a partial reply."""
+    if not solution:
+        return llm.render(messages)
+    return llm.render([*messages, {"role": "assistant", "content": solution}])
+
+
+def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: SamplingConfig, *,
+          batch_size: int = 16, progress: bool = True) -> list[dict]:
+    """Whole solutions to ``problems`` (records with id, problem, answer), each with its parsed answer.
+
+    Returns one record per problem: id, rendered prompt, response, parsed answer, gold answer, correct,
+    finish reason and token count.
+    """
+    prompts = [render_state(llm, build_messages(p["problem"], shots), "") for p in problems]
+    gens = []
+    for start in tqdm(range(0, len(prompts), batch_size), desc="solve", disable=not progress, leave=False):
+        chunk = SamplingConfig(**{**sampling.as_dict(), "seed": sampling.seed + start})
+        gens += generate_shared_prefix(llm, prompts[start:start + batch_size], chunk, batch_size=batch_size)
+    out = []
+    for p, g in zip(problems, gens):
+        parsed = extract_answer(g.text)
+        out.append({"id": p["id"], "prompt": g.prompt, "response": g.text, "parsed_answer": parsed,
+                    "answer": str(p["answer"]), "correct": answers_match(parsed, str(p["answer"])),
+                    "finish_reason": g.finish_reason, "n_tokens": g.n_tokens})
+    return out
+
+
+def write_policy(llm: LLM, folder: str | os.PathLike) -> None:
+    """Write the policy into ``folder`` (the caller makes it atomic): a LoRA adapter for a PeftModel, else the
+    whole model, and the tokenizer."""
+    llm.model.save_pretrained(folder, safe_serialization=True)
+    llm.tokenizer.save_pretrained(folder)
+
+
+def load_policy(base_spec: str, folder: str | os.PathLike | None, *, device: str | None = None,
+                dtype: str | None = None) -> LLM:
+    """The base model, with a saved adapter merged in when ``folder`` holds one, or the saved model itself."""
+    if folder is None:
+        return load_model(base_spec, device=device, dtype=dtype)
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").is_file():
+        return load_model(str(folder), device=device, dtype=dtype)
+    from peft import PeftModel
+
+    llm = load_model(base_spec, device=device, dtype=dtype)
+    llm.model = PeftModel.from_pretrained(llm.model, str(folder)).merge_and_unload()
+    llm.model.eval()
+    llm.model.requires_grad_(False)
+    return llm

@@ -1,0 +1,333 @@
+"""Stepwise REINFORCE with a KL penalty to a periodically refreshed reference policy (navidmdn/LLM_RL).
+
+One iteration:
+1. Collect ``problems_per_iteration × group_size`` episodes in ``MathEnv``: every active episode samples its
+   next line at once (temperature 1.0, top-p 0.9, cut at the first newline) until it states an answer, ends
+   its turn, or hits ``max_steps``. Reward 1 for a correct final answer.
+2. Returns per line: a line k steps before the end gets γ^k·R (γ = 0.99, clamped to [0, 10]). A baseline b is
+   subtracted the same way, A = γ^k·(R − b): the batch mean of R, or the leave-one-out mean over the other
+   episodes of the same problem (the default), or none (the original).
+3. Loss per (state, line) sample with T line tokens, policy log-probs ℓ_t and reference log-probs ℓ^ref_t:
+       L = −Σ_t (ℓ_t/T)·[A − β(ℓ_t − ℓ^ref_t)/T]
+   averaged over samples. As in the original, the KL-shaped return is not detached, so the penalty also has a
+   gradient of its own.
+   One optimiser step per micro-batch of episodes.
+4. Every ``ref_update_iterations`` iterations the reference is reset to the current policy (re-anchored, not
+   annealed). AdamW, LinearLR from 1 to ``lr_end_factor`` over the iterations, gradient clipping.
+
+Fixes over the original: the optimiser is built from the parameters that require grad *after* LoRA is
+attached (the original's held only frozen weights); training never sees the test split; the calculator never
+runs model output as code; the state and its line are tokenised jointly and each token is assigned to the
+line holding its last character (by offsets), so a line's first token is never lost; a baseline is offered.
+
+The reference is a snapshot of the trainable weights (the LoRA adapter, or every weight in a full fine-tune),
+swapped in for a no-grad forward pass. This keeps the refresh semantics exactly (an adapter-disabled base
+would freeze the reference at the base model) and costs one adapter's memory instead of a second model.
+
+Departure: updates are on-policy, on the iteration's own samples (``epochs`` passes). The original replayed a
+100k FIFO buffer, so most of its REINFORCE updates used samples from older policies without correction.
+Each episode is one sequence (its lines are consecutive continuations of the same chat prompt), so one forward
+pass scores all its lines; the prompt prefix shared by a batch (system prompt and few-shot examples) is computed
+once, in sampling and in scoring (``llmrl.llm.prefix``). With the calculator on, the line trained on is the
+corrected line the state holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from llmrl.agents.math_solver import build_messages, render_state
+from llmrl.envs.math import MathEnv, discounted_returns
+from llmrl.llm import LLM, SamplingConfig
+from llmrl.llm.prefix import PrefixBatch, generate_shared_prefix, split_prefix, suffix_token_logprobs
+
+
+@dataclass(frozen=True)
+class ReinforceKLConfig:
+    """Hyperparameters; defaults are the CPU profile, the original's values are noted."""
+
+    iterations: int = 3  # original: 20
+    problems_per_iteration: int = 8
+    group_size: int = 4  # episodes per problem; original: 100 episodes of distinct problems
+    max_steps: int = 6  # original: 10
+    max_new_tokens: int = 40  # original: 64
+    temperature: float = 1.0
+    top_p: float = 0.9
+    calculator: bool = False  # original (README command): on
+    beta: float = 0.25
+    ref_update_iterations: int = 2
+    gamma: float = 0.99
+    baseline: str = "group"  # "none" (original), "batch", "group" (leave-one-out per problem)
+    lr: float = 1e-4  # original: 1e-5, full fine-tune
+    lr_end_factor: float = 0.01
+    grad_clip: float = 1.0
+    micro_batch: int = 8  # episodes per optimiser step (the original: 32 (state, line) samples)
+    epochs: int = 1
+    gen_batch_size: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.baseline not in ("none", "batch", "group"):
+            raise ValueError(f"reinforce_kl.baseline: must be none, batch or group, got {self.baseline!r}")
+        if self.baseline == "group" and self.group_size < 2:
+            raise ValueError("reinforce_kl.baseline: 'group' (leave-one-out) needs group_size >= 2")
+
+
+@dataclass
+class MathEpisode:
+    """One collected episode: the chat prompt, the lines written (each with its newline) and the outcome."""
+
+    problem_id: str
+    group: int
+    head: str  # rendered prompt before the first line
+    lines: list[str] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    end: str = ""
+    parsed_answer: str | None = None
+
+    def as_record(self) -> dict:
+        return {"problem_id": self.problem_id, "lines": self.lines, "reward": self.reward,
+                "success": self.success, "end": self.end, "parsed_answer": self.parsed_answer}
+
+
+def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg: ReinforceKLConfig,
+                     seed: int) -> list[MathEpisode]:
+    """``group_size`` episodes per problem, all active episodes stepping together (batched generation)."""
+    envs, episodes, messages = [], [], []
+    for gi, prob in enumerate(problems):
+        msgs = build_messages(prob["problem"], shots)
+        for _ in range(cfg.group_size):
+            env = MathEnv([prob], max_steps=cfg.max_steps, calculator=cfg.calculator)
+            env.reset(seed=seed)
+            envs.append(env)
+            messages.append(msgs)
+            episodes.append(MathEpisode(problem_id=str(prob["id"]), group=gi, head=render_state(llm, msgs, "")))
+    active = list(range(len(envs)))
+    step = 0
+    while active:
+        states = [render_state(llm, messages[i], "".join(episodes[i].lines)) for i in active]
+        sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                                  stop=("\n",), seed=seed * 1000 + step * 97)
+        gens = generate_shared_prefix(llm, states, sampling, batch_size=cfg.gen_batch_size)
+        still = []
+        for i, g in zip(active, gens):
+            _, reward, terminated, truncated, info = envs[i].step(g.text)
+            ep = episodes[i]
+            if info["line"].strip():
+                ep.lines.append(info["line"] + "\n")
+            if terminated or truncated:
+                ep.reward, ep.success, ep.end = float(reward), bool(info["success"]), info["end"]
+                ep.parsed_answer = info["parsed_answer"]
+            else:
+                still.append(i)
+        active, step = still, step + 1
+    for ep, msgs in zip(episodes, messages):
+        # The single-sequence scoring below relies on the chat template continuing a partial reply verbatim.
+        if ep.lines and render_state(llm, msgs, "".join(ep.lines)) != ep.head + "".join(ep.lines):
+            raise ValueError(f"chat template of {llm.spec!r} does not continue a partial reply verbatim")
+    return episodes
+
+
+def advantages(episodes: Sequence[MathEpisode], gamma: float, baseline: str) -> list[np.ndarray]:
+    """Per-line advantages γ^k·(R − b) of each episode (see module doc)."""
+    rewards = np.array([ep.reward for ep in episodes], dtype=np.float64)
+    if baseline == "none":
+        b = np.zeros_like(rewards)
+    elif baseline == "batch":
+        b = np.full_like(rewards, rewards.mean())
+    else:
+        groups = np.array([ep.group for ep in episodes])
+        b = np.empty_like(rewards)
+        for g in np.unique(groups):
+            idx = np.flatnonzero(groups == g)
+            b[idx] = (rewards[idx].sum() - rewards[idx]) / max(len(idx) - 1, 1)
+    out = []
+    for ep, bi in zip(episodes, b):
+        n = len(ep.lines)
+        out.append(discounted_returns(n, ep.reward, gamma) - bi * gamma ** np.arange(n - 1, -1, -1.0))
+    return out
+
+
+@dataclass
+class EpisodeBatch:
+    """Episodes tokenised for scoring: the batch's shared prompt prefix once, then right-padded suffixes."""
+
+    tokens: PrefixBatch
+    line_of: torch.Tensor  # [B, S] line index of each suffix token; -1 for prompt tokens and padding
+
+    def row(self, i: int) -> tuple[list[int], list[int]]:
+        """Full token ids of episode i and each token's line index (-1: prompt)."""
+        n = int(self.tokens.suffix_mask[i].sum())
+        ids = self.tokens.prefix[0].tolist() + self.tokens.suffix[i, :n].tolist()
+        return ids, [-1] * self.tokens.P + self.line_of[i, :n].tolist()
+
+
+def tokenize_episodes(tokenizer, episodes: Sequence[MathEpisode], device) -> EpisodeBatch:
+    """Head + lines of each episode tokenised jointly, each token tagged with its line (by offsets).
+
+    A token belongs to the line that holds its last character, so a token straddling the prompt/line border
+    counts for the line: the first line token is never dropped.
+    """
+    rows, tags = [], []
+    for ep in episodes:
+        enc = tokenizer(ep.head + "".join(ep.lines), add_special_tokens=False, return_offsets_mapping=True)
+        bounds = np.cumsum([len(ep.head)] + [len(x) for x in ep.lines])
+        ends = np.array([end for _, end in enc["offset_mapping"]])
+        seg = np.searchsorted(bounds, np.maximum(ends - 1, 0), side="right") - 1  # -1 = prompt
+        seg[seg >= len(bounds) - 1] = len(bounds) - 2  # characters past the last border: the last line
+        rows.append(enc["input_ids"])
+        tags.append(seg)
+    # The shared prefix stops before the first line token of any row: episodes of one problem may share lines.
+    first_line = min(int(np.argmax(seg >= 0)) if (seg >= 0).any() else len(seg) for seg in tags)
+    tokens = split_prefix(rows, tokenizer.pad_token_id, device, max_prefix=first_line)
+    line_of = torch.full(tokens.suffix.shape, -1, dtype=torch.long)
+    for i, seg in enumerate(tags):
+        line_of[i, : len(seg) - tokens.P] = torch.from_numpy(seg[tokens.P:])
+    return EpisodeBatch(tokens=tokens, line_of=line_of.to(device))
+
+
+def token_logprobs(model, batch: EpisodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of every suffix token given everything before it, and its line index: ([B, S], [B, S]).
+
+    The prompt prefix shared by the batch (system prompt, few-shot examples) is computed once.
+    """
+    return suffix_token_logprobs(model, batch.tokens), batch.line_of
+
+
+def reinforce_kl_loss(logp: torch.Tensor, ref_logp: torch.Tensor, line_of: torch.Tensor,
+                      adv: Sequence[np.ndarray], beta: float) -> tuple[torch.Tensor, dict]:
+    """Sum over (episode, line) samples of −Σ_t (ℓ_t/T)·[A − β(ℓ_t − ℓ^ref_t)/T], and its statistics.
+
+    ``logp``/``ref_logp``/``line_of``: [B, K] token log-probs and line indices; ``adv[b][s]``: advantage of
+    line s of episode b. Returns the summed loss (callers divide by the sample count) and the pieces.
+    """
+    total = logp.new_zeros(())
+    pg_sum, kl_sum, n_samples, n_tokens = 0.0, 0.0, 0, 0
+    for b, a in enumerate(adv):
+        for s, a_s in enumerate(a):
+            sel = line_of[b] == s
+            T = int(sel.sum())
+            if T == 0:
+                continue
+            lp, lp_ref = logp[b][sel], ref_logp[b][sel]
+            shaped = float(a_s) - beta * (lp - lp_ref) / T  # not detached: the KL term has a gradient too
+            loss_s = -((lp / T) * shaped).sum()
+            total = total + loss_s
+            pg_sum += float(-(lp.detach() / T).sum() * float(a_s))
+            kl_sum += float((lp.detach() - lp_ref).sum())
+            n_samples, n_tokens = n_samples + 1, n_tokens + T
+    return total, {"pg_loss_sum": pg_sum, "kl_sum": kl_sum, "samples": n_samples, "tokens": n_tokens}
+
+
+class ReinforceKL:
+    """The trainer: holds the policy, its optimiser and schedule, and the reference snapshot."""
+
+    def __init__(self, llm: LLM, cfg: ReinforceKLConfig, train_problems: Sequence[dict], shots: Sequence[dict]):
+        self.llm, self.cfg = llm, cfg
+        self.problems, self.shots = list(train_problems), list(shots)
+        if len(self.problems) < cfg.problems_per_iteration:
+            raise ValueError(f"reinforce_kl: {len(self.problems)} train problems, fewer than "
+                             f"problems_per_iteration={cfg.problems_per_iteration}")
+        # Built after any LoRA adapter is attached: these are exactly the weights that train.
+        self.params = [p for p in llm.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("reinforce_kl: the model has no trainable parameters (load it with lora= or trainable=)")
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr)
+        self.sched = torch.optim.lr_scheduler.LinearLR(self.opt, 1.0, cfg.lr_end_factor,
+                                                       total_iters=max(cfg.iterations - 1, 1))
+        self.ref = self._snapshot()
+        self.rng = np.random.default_rng(cfg.seed)
+        self.iteration = 0
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.params]
+
+    @contextlib.contextmanager
+    def reference_weights(self) -> Iterator[None]:
+        """Temporarily put the reference weights into the policy (no grad)."""
+        current = self._snapshot()
+        with torch.no_grad():
+            for p, r in zip(self.params, self.ref):
+                p.copy_(r)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, c in zip(self.params, current):
+                    p.copy_(c)
+
+    def sample_problems(self) -> list[dict]:
+        idx = self.rng.choice(len(self.problems), size=self.cfg.problems_per_iteration, replace=False)
+        return [self.problems[i] for i in idx]
+
+    def update(self, episodes: Sequence[MathEpisode]) -> dict:
+        """Policy-gradient steps on one iteration's episodes: one optimiser step per micro-batch of episodes."""
+        cfg, model, tok, dev = self.cfg, self.llm.model, self.llm.tokenizer, self.llm.device
+        adv = advantages(episodes, cfg.gamma, cfg.baseline)
+        usable = [i for i, ep in enumerate(episodes) if ep.lines]
+        micro = [usable[j:j + cfg.micro_batch] for j in range(0, len(usable), cfg.micro_batch)]
+        batches = [tokenize_episodes(tok, [episodes[i] for i in mb], dev) for mb in micro]
+        model.eval()  # no dropout in the reference pass
+        with torch.no_grad(), self.reference_weights():
+            ref = [token_logprobs(model, b)[0] for b in batches]
+        totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "steps": 0}
+        model.train()
+        for _ in range(cfg.epochs):
+            for mb, batch, ref_lp in zip(micro, batches, ref):
+                self.opt.zero_grad(set_to_none=True)
+                logp, line_of = token_logprobs(model, batch)
+                loss, s = reinforce_kl_loss(logp, ref_lp, line_of, [adv[i] for i in mb], cfg.beta)
+                n = max(s["samples"], 1)
+                (loss / n).backward()  # the mean over the micro-batch's samples, as grad accumulation gave
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+                self.opt.step()
+                totals["loss"] += float(loss.detach())
+                totals["pg_loss"] += s["pg_loss_sum"]
+                totals["kl"] += s["kl_sum"]
+                totals["grad_norm"] += float(grad_norm)
+                for k in ("samples", "tokens"):
+                    totals[k] += s[k]
+                totals["steps"] += 1
+        model.eval()
+        n_samples, steps = max(totals["samples"], 1), max(totals["steps"], 1)
+        return {"loss": totals["loss"] / n_samples, "pg_loss": totals["pg_loss"] / n_samples,
+                "divergence": totals["kl"] / max(totals["tokens"], 1), "grad_norm": totals["grad_norm"] / steps,
+                "samples": totals["samples"] // cfg.epochs, "tokens": totals["tokens"] // cfg.epochs,
+                "optimizer_steps": totals["steps"]}
+
+    def step(self) -> tuple[dict, list[MathEpisode]]:
+        """One iteration: refresh the reference if due, collect, update. Returns its stats and episodes."""
+        cfg = self.cfg
+        if self.iteration > 0 and self.iteration % cfg.ref_update_iterations == 0:
+            self.ref = self._snapshot()
+        t0 = time.perf_counter()
+        episodes = collect_episodes(self.llm, self.sample_problems(), self.shots, cfg,
+                                    seed=cfg.seed * 10_000 + self.iteration)
+        t1 = time.perf_counter()
+        stats = self.update(episodes)
+        t2 = time.perf_counter()
+        stats.update(
+            iteration=self.iteration,
+            lr=self.opt.param_groups[0]["lr"],
+            average_reward=float(np.mean([ep.reward for ep in episodes])),
+            answer_rate=float(np.mean([ep.end == "answer" for ep in episodes])),
+            mean_lines=float(np.mean([len(ep.lines) for ep in episodes])),
+            episodes=len(episodes),
+            collect_s=t1 - t0,
+            update_s=t2 - t1,
+        )
+        self.sched.step()
+        self.iteration += 1
+        return stats, episodes
+
+    def train(self, progress: bool = True) -> Iterator[tuple[dict, list[MathEpisode]]]:
+        for _ in tqdm(range(self.cfg.iterations), desc="reinforce_kl", disable=not progress):
+            yield self.step()

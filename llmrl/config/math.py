@@ -1,0 +1,106 @@
+"""Params of the LLM_RL stages: ``math_data``, ``reinforce_train`` (common + one block per variant), ``math_eval``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from llmrl.config import Section
+
+
+class MathDataParams(Section):
+    source: Literal["generated", "gsm8k", "math"] = Field(
+        "generated", description="generated: the embedded GSM-style generator; gsm8k / math: a real data set")
+    train_path: str | None = Field(None, description="local .jsonl/.json/.parquet train file (gsm8k/math); "
+                                                     "None reads the hub")
+    test_path: str | None = Field(None, description="local test file (gsm8k/math); None reads the hub")
+    hub_name: str | None = Field(None, description="hub data set; None: openai/gsm8k or EleutherAI/hendrycks_math")
+    hub_configs: list[str] | None = Field(
+        None, description="hub configs, concatenated; None: ['main'] for gsm8k, every MATH subject for math")
+    n_train: int = Field(600, gt=0, description="train problems kept (generated: produced)")
+    n_test: int = Field(100, gt=0, description="test problems kept, the first n_test of the test split")
+    seed: int = Field(0, ge=0, description="seed of the generator and of the train-order shuffle")
+    two_step_fraction: float = Field(0.2, ge=0, le=1, description="generated: share of two-operation problems")
+    max_number: int = Field(20, ge=3, description="generated: largest operand")
+
+    @model_validator(mode="after")
+    def _paths_need_real_source(self):
+        if self.source == "generated" and (self.train_path or self.test_path):
+            raise ValueError("train_path/test_path need source gsm8k or math")
+        return self
+
+
+class LoraParams(Section):
+    r: int = Field(16, gt=0, description="LoRA rank")
+    alpha: int = Field(32, gt=0, description="LoRA alpha")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+
+
+class CommonTrainParams(Section):
+    model: str = Field("models/base_llm", description="base model spec (folder, hub name, embedded:..., tiny)")
+    seed: int = Field(0, ge=0, description="one seed for Python, NumPy, torch and LLM sampling")
+    few_shot: int = Field(4, ge=0, description="solved train problems shown before each problem (the first k)")
+    lora: LoraParams | None = Field(default_factory=LoraParams, description="LoRA adapter; null: full fine-tune")
+    lr: float = Field(2e-4, gt=0, description="learning rate")
+    iterations: int = Field(3, gt=0, description="collect-then-update iterations (GRPO: generation rounds)")
+    problems_per_iteration: int = Field(4, gt=0, description="train problems per iteration")
+    group_size: int = Field(4, gt=0, description="episodes (completions) per problem")
+    temperature: float = Field(0.7, gt=0, description="sampling temperature during training (original: 1.0)")
+    top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling during training")
+    max_new_tokens: int = Field(40, gt=0, description="REINFORCE: tokens per line; GRPO: per completion")
+    micro_batch: int = Field(8, gt=0, description="episodes (GRPO: completions) per optimizer step")
+    gen_batch_size: int = Field(24, gt=0, description="prompts generated together")
+    device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
+    dtype: str | None = Field(None, description="float32/bfloat16; None: bf16 on GPU, fp32 on CPU")
+
+
+class ReinforceKLParams(Section):
+    beta: float = Field(0.25, ge=0, description="KL coefficient β to the reference policy")
+    ref_update_iterations: int = Field(2, gt=0, description="reset the reference to the policy every k iterations")
+    gamma: float = Field(0.99, gt=0, le=1, description="per-line discount of the final reward")
+    baseline: Literal["none", "batch", "group"] = Field(
+        "group", description="return baseline: none (the original), batch mean, or leave-one-out per problem")
+    max_steps: int = Field(4, gt=0, description="lines per episode before truncation")
+    calculator: bool = Field(False, description="rewrite <<expr=result>> annotations with the safe calculator")
+    epochs: int = Field(1, gt=0, description="passes over an iteration's samples")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip")
+    lr_end_factor: float = Field(0.01, gt=0, le=1, description="LinearLR end factor over the iterations")
+
+
+class GRPOParams(Section):
+    learning_rate: float | None = Field(
+        None, gt=0, description="None: the common lr (TRL's default 1e-6 suits full fine-tunes, not LoRA)")
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field("dapo", description="TRL GRPO loss variant")
+    beta: float = Field(0.0, ge=0, description="KL coefficient (TRL default 0: no reference model)")
+    num_iterations: int = Field(1, gt=0, description="policy updates per generation batch (μ)")
+    epsilon: float = Field(0.2, gt=0, description="clip range")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="advantage scaling")
+
+
+class ReinforceTrainParams(Section):
+    common: CommonTrainParams
+    reinforce_kl: ReinforceKLParams
+    grpo: GRPOParams
+
+    @model_validator(mode="after")
+    def _batches_fit(self):
+        c = self.common
+        n = c.problems_per_iteration * c.group_size
+        if n % c.micro_batch or c.micro_batch % c.group_size:
+            raise ValueError(f"common.micro_batch={c.micro_batch} must divide problems_per_iteration*group_size={n} "
+                             f"and be a multiple of group_size={c.group_size} (GRPO groups stay whole)")
+        if self.reinforce_kl.baseline == "group" and c.group_size < 2:
+            raise ValueError("reinforce_kl.baseline: 'group' (leave-one-out) needs common.group_size >= 2")
+        return self
+
+
+class MathEvalParams(Section):
+    n_problems: int | None = Field(None, gt=0, description="test problems evaluated; None: the whole test split")
+    max_new_tokens: int = Field(48, gt=0, description="tokens per solution")
+    batch_size: int = Field(25, gt=0, description="prompts generated together")
+    temperature: float = Field(0.6, gt=0, description="sampled mode temperature (the original's evaluation)")
+    top_p: float = Field(0.9, gt=0, le=1, description="sampled mode nucleus")
+    seed: int = Field(1234, ge=0, description="sampling seed")
+    models: list[str] = Field(["base", "reinforce_kl", "grpo"], min_length=1,
+                              description="base, or a reinforce_train variant")

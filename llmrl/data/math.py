@@ -1,0 +1,125 @@
+"""Math data sets in one JSONL format: ``{id, problem, solution, answer, source}`` per line.
+
+Sources: GSM8K (``openai/gsm8k`` on the hub, or local JSONL/JSON/parquet files with ``question`` and
+``answer``), MATH (hendrycks-style records with ``problem`` and a ``solution`` whose last ``\\boxed{}`` is the
+answer; on the hub ``EleutherAI/hendrycks_math``), and the procedurally generated default
+(``llmrl.data.math_gen``). Every solution ends with "The answer is: X", GSM8K's ``#### X`` is rewritten to it
+(as LLM_RL's postprocessing did), and its ``<<48/2=24>>`` calculator annotations are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from llmrl.data.math_answers import ANSWER_PHRASE, last_boxed, normalize_answer
+from llmrl.io import atomic_path
+
+FIELDS = ("id", "problem", "solution", "answer")
+
+
+class MathDataError(ValueError):
+    """A math data file or record that cannot be used; the message names the file and field."""
+
+
+def normalize_gsm8k(record: dict, rid: str) -> dict:
+    """A GSM8K record (``question``, ``answer`` = rationale + ``#### X``) in the common format."""
+    for key in ("question", "answer"):
+        if key not in record:
+            raise MathDataError(f"GSM8K record {rid}: missing field {key!r} (has {sorted(record)})")
+    if "####" not in record["answer"]:
+        raise MathDataError(f"GSM8K record {rid}: field 'answer' has no '#### <answer>' line")
+    rationale, final = record["answer"].rsplit("####", 1)
+    answer = final.strip().replace(",", "")
+    lines = [line.strip() for line in rationale.strip().split("\n") if line.strip()]
+    return {"id": rid, "problem": record["question"].strip(),
+            "solution": "\n".join([*lines, f"{ANSWER_PHRASE} {answer}"]), "answer": answer, "source": "gsm8k"}
+
+
+def normalize_math(record: dict, rid: str) -> dict:
+    """A MATH record (``problem``, ``solution`` with a boxed answer) in the common format."""
+    for key in ("problem", "solution"):
+        if key not in record:
+            raise MathDataError(f"MATH record {rid}: missing field {key!r} (has {sorted(record)})")
+    boxed = last_boxed(record["solution"])
+    if boxed is None:
+        raise MathDataError(f"MATH record {rid}: field 'solution' has no \\boxed{{}} answer")
+    answer = normalize_answer(boxed) if re.fullmatch(r"[-\d.,/ ]+", boxed.strip()) else boxed.strip()
+    out = {"id": rid, "problem": record["problem"].strip(),
+           "solution": record["solution"].strip() + f"\n{ANSWER_PHRASE} {answer}", "answer": answer,
+           "source": "math"}
+    for extra in ("level", "type"):
+        if extra in record:
+            out[extra] = record[extra]
+    return out
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """Records from a ``.jsonl``, ``.json`` (a list) or ``.parquet`` file."""
+    path = Path(path)
+    if not path.is_file():
+        raise MathDataError(f"{path}: file not found")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict(orient="records")
+    if suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, list):
+            raise MathDataError(f"{path}: a .json data file must hold a list of records")
+        return data
+    if suffix == ".jsonl":
+        out = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise MathDataError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+        return out
+    raise MathDataError(f"{path}: unknown data file type {suffix!r} (use .jsonl, .json or .parquet)")
+
+
+def load_hub(name: str, config: str | None, split: str) -> list[dict]:
+    """Records of one split of a hub data set (needs a network or a filled HF cache)."""
+    import datasets
+
+    return list(datasets.load_dataset(name, config, split=split))
+
+
+def normalize(records: Iterable[dict], kind: str, prefix: str) -> list[dict]:
+    """Common-format records; ids are ``<prefix>-<index>`` unless the record has its own ``id``."""
+    fn = {"gsm8k": normalize_gsm8k, "math": normalize_math}[kind]
+    return [fn(r, str(r.get("id", f"{prefix}-{i}"))) for i, r in enumerate(records)]
+
+
+def check_disjoint(train: Sequence[dict], test: Sequence[dict]) -> None:
+    """Raise if any test problem (by id or by whitespace-normalised text) also appears in train."""
+    def text(r: dict) -> str:
+        return " ".join(r["problem"].split()).lower()
+
+    shared_ids = {r["id"] for r in train} & {r["id"] for r in test}
+    shared_text = {text(r) for r in train} & {text(r) for r in test}
+    if shared_ids or shared_text:
+        raise MathDataError(f"train and test overlap: {len(shared_ids)} ids, {len(shared_text)} problems "
+                            f"(e.g. {sorted(shared_ids or shared_text)[:3]})")
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Common-format records; raises ``MathDataError`` naming the file, line and missing field."""
+    records = read_records(path)
+    for n, r in enumerate(records, 1):
+        missing = [k for k in FIELDS if k not in r]
+        if missing:
+            raise MathDataError(f"{path}: record {n} lacks field(s) {missing}")
+    return records

@@ -1,0 +1,126 @@
+"""Stage reinforce_train@<variant>: RL on the math train split, variant reinforce_kl (ours) or grpo (TRL).
+
+Writes models/math/<variant>/ (the LoRA adapter or the whole model, every sampled episode or completion in
+rollouts.jsonl, the rendered prompt of the first problem), metrics/math/train_<variant>.json and dvclive
+curves under plots/math/train_<variant>/.
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import json
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+from dvclive import Live
+
+from llmrl.agents.math_solver import build_messages, write_policy
+from llmrl.config.math import ReinforceTrainParams
+from llmrl.data.math import read_jsonl
+from llmrl.io import atomic_path, write_json, write_text
+from llmrl.llm import LoraSettings, load_model
+from llmrl.seeding import seed_everything
+
+VARIANTS = ("reinforce_kl", "grpo")
+
+
+def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live):
+    from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig
+
+    c, r = p.common, p.reinforce_kl
+    cfg = ReinforceKLConfig(
+        iterations=c.iterations, problems_per_iteration=c.problems_per_iteration, group_size=c.group_size,
+        max_steps=r.max_steps, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+        calculator=r.calculator, beta=r.beta, ref_update_iterations=r.ref_update_iterations, gamma=r.gamma,
+        baseline=r.baseline, lr=c.lr, lr_end_factor=r.lr_end_factor, grad_clip=r.grad_clip,
+        micro_batch=c.micro_batch, epochs=r.epochs, gen_batch_size=c.gen_batch_size, seed=c.seed)
+    algo = ReinforceKL(llm, cfg, problems, shots)
+    history, rollouts = [], []
+    for stats, episodes in algo.train():
+        history.append(stats)
+        rollouts += [{"iteration": stats["iteration"], **ep.as_record()} for ep in episodes]
+        for k in ("average_reward", "answer_rate", "loss", "pg_loss", "divergence", "grad_norm", "lr", "mean_lines"):
+            live.log_metric(f"train/{k}", stats[k])
+        live.next_step()
+        log.info("iteration %d: reward %.3f, answered %.2f, loss %.4f, KL %.4f (collect %.0fs, update %.0fs)",
+                 stats["iteration"], stats["average_reward"], stats["answer_rate"], stats["loss"],
+                 stats["divergence"], stats["collect_s"], stats["update_s"])
+    return llm, history, rollouts
+
+
+def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live: Live, workdir):
+    from llmrl.algos.grpo_math import GRPOMathConfig, make_trainer
+
+    c, g = p.common, p.grpo
+    cfg = GRPOMathConfig(
+        iterations=c.iterations, problems_per_iteration=c.problems_per_iteration, group_size=c.group_size,
+        micro_batch=c.micro_batch, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+        learning_rate=g.learning_rate or c.lr, loss_type=g.loss_type, beta=g.beta,
+        num_iterations=g.num_iterations, epsilon=g.epsilon, scale_rewards=g.scale_rewards,
+        lora_r=c.lora.r if c.lora else None, lora_alpha=c.lora.alpha if c.lora else 32,
+        lora_dropout=c.lora.dropout if c.lora else 0.0, seed=c.seed, bf16=llm.dtype == torch.bfloat16)
+    rollouts: list[dict] = []
+    trainer = make_trainer(llm, problems, shots, cfg, output_dir=workdir, record=rollouts)
+    trainer.train()
+    history = []
+    for row in trainer.state.log_history:
+        if "loss" not in row or "train_runtime" in row:
+            continue
+        # TRL logs every optimiser step; rewards only on the steps that start a generation round.
+        stats = {"step": int(row["step"]) - 1, "loss": row["loss"], "grad_norm": row["grad_norm"],
+                 "lr": row["learning_rate"], "step_time": row.get("step_time")}
+        if "reward" in row:
+            stats.update(average_reward=row["reward"], mean_length=row.get("completions/mean_length"))
+        history.append(stats)
+        for k in ("average_reward", "loss", "grad_norm", "lr"):
+            if k in stats:
+                live.log_metric(f"train/{k}", stats[k])
+        live.next_step()
+        log.info("step %d: reward %s, loss %.4f", stats["step"], stats.get("average_reward"), stats["loss"])
+    llm.model = trainer.model
+    return llm, history, rollouts
+
+
+def main() -> None:
+    variant = sys.argv[1] if len(sys.argv) > 1 else "reinforce_kl"
+    if variant not in VARIANTS:
+        raise SystemExit(f"reinforce_train: unknown variant {variant!r}; known: {VARIANTS}")
+    p = stage_params("reinforce_train", ReinforceTrainParams)
+    c = p.common
+    seed_everything(c.seed)
+    train = read_jsonl(ROOT / "data" / "math" / "train.jsonl")
+    if len(train) <= c.few_shot:
+        raise SystemExit(f"reinforce_train.common.few_shot={c.few_shot} leaves no train problems")
+    shots, problems = train[: c.few_shot], train[c.few_shot:]
+    lora = LoraSettings(r=c.lora.r, alpha=c.lora.alpha, dropout=c.lora.dropout) if c.lora else None
+    model_spec = str(ROOT / c.model) if (ROOT / c.model).is_dir() else c.model
+    # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
+    llm = load_model(model_spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
+                     trainable=lora is None)
+    out = ROOT / "models" / "math" / variant
+    t0 = time.perf_counter()
+    with Live(dir=str(ROOT / "plots" / "math" / f"train_{variant}"), save_dvc_exp=False, dvcyaml=None,
+              report=None) as live, atomic_path(out, is_dir=True) as tmp:
+        if variant == "reinforce_kl":
+            llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live)
+        else:
+            llm, history, rollouts = train_grpo(p, llm, problems, shots, live, tmp / "trl")
+            shutil.rmtree(tmp / "trl", ignore_errors=True)
+        seconds = time.perf_counter() - t0
+        write_policy(llm, tmp)
+        write_text(tmp / "rollouts.jsonl", "".join(json.dumps(r) + "\n" for r in rollouts))
+        write_text(tmp / "prompt_example.txt", llm.render(build_messages(problems[0]["problem"], shots)))
+    rewards = [h["average_reward"] for h in history if "average_reward" in h]
+    write_json(ROOT / "metrics" / "math" / f"train_{variant}.json", {
+        "variant": variant, "model": c.model, "iterations": c.iterations, "train_seconds": seconds,
+        "samples": len(rollouts), "samples_per_second": len(rollouts) / seconds,
+        "reward_first": rewards[0], "reward_last": rewards[-1], "reward_mean": float(np.mean(rewards)),
+        "history": history})
+    log.info("%s: %d samples in %.0f s, reward %.3f -> %.3f", variant, len(rollouts), seconds, rewards[0],
+             rewards[-1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Stepwise REINFORCE with KL (LLM_RL) on the tiny model: loss terms, tokenisation, LoRA, one real iteration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from llmrl.agents.math_solver import build_messages, render_state, solve
+from llmrl.algos.reinforce_kl import (
+    MathEpisode,
+    ReinforceKL,
+    ReinforceKLConfig,
+    advantages,
+    collect_episodes,
+    reinforce_kl_loss,
+    token_logprobs,
+    tokenize_episodes,
+)
+from llmrl.llm import LoraSettings, SamplingConfig, load_model
+
+PROBLEMS = [{"id": f"p{i}", "problem": f"Tom has {i} apples and gets 2 more. How many apples?",
+             "solution": f"{i} + 2 = <<{i}+2={i + 2}>>{i + 2}\nThe answer is: {i + 2}", "answer": str(i + 2)}
+            for i in range(1, 9)]
+SHOTS = PROBLEMS[:1]
+
+
+def _episode(llm, problem, lines, reward, group=0):
+    head = render_state(llm, build_messages(problem["problem"], SHOTS), "")
+    return MathEpisode(problem_id=problem["id"], group=group, head=head, lines=lines, reward=reward,
+                       success=reward > 0)
+
+
+def _line_logprob(llm, ep):
+    with torch.no_grad():
+        logp, line_of = token_logprobs(llm.model, tokenize_episodes(llm.tokenizer, [ep], llm.device))
+    return float(logp[line_of >= 0].sum())
+
+
+def test_joint_tokenisation_keeps_the_first_line_token():
+    llm = load_model("tiny")
+    # GPT-2 merges digit runs: "4" + "2 apples" tokenises as "42" + " apples". Tokenised apart, the line would
+    # start with "2"; jointly, the straddling "42" token belongs to the line, so nothing of it is lost.
+    ep = MathEpisode(problem_id="x", group=0, head="Count: 4", lines=["2 apples\n", "The answer is: 42\n"])
+    ids, line_of = tokenize_episodes(llm.tokenizer, [ep], "cpu").row(0)
+    first = line_of.index(0)
+    assert llm.tokenizer.decode(ids[first]) == " 42"
+    assert llm.tokenizer.decode([i for i, s in zip(ids, line_of) if s >= 0]).endswith("".join(ep.lines))
+    assert llm.tokenizer.decode([i for i, s in zip(ids, line_of) if s == 1]) == "The answer is: 42\n"
+    # In a batch the shared prompt prefix is split off once; every row keeps all of its own tokens.
+    other = MathEpisode(problem_id="y", group=0, head="Count: 5", lines=["A\n"])
+    batch = tokenize_episodes(llm.tokenizer, [ep, other], "cpu")
+    assert batch.tokens.P > 0 and batch.row(0) == (ids, line_of)
+    assert llm.tokenizer.decode(batch.row(1)[0]) == "Count: 5A\n"
+    # Two episodes of one problem with the same first line: the shared prefix stops before any line token.
+    twin = MathEpisode(problem_id="x", group=0, head="Count: 4", lines=["2 apples\n", "The answer is: 7\n"])
+    batch = tokenize_episodes(llm.tokenizer, [ep, twin], "cpu")
+    assert batch.row(0) == (ids, line_of) and batch.row(1)[1].count(0) == line_of.count(0)
+
+
+def test_token_logprobs_match_a_full_forward():
+    llm = load_model("tiny")
+    eps = [_episode(llm, PROBLEMS[1], ["3 + 2 = 5\n", "The answer is: 5\n"], 1.0),
+           _episode(llm, PROBLEMS[2], ["The answer is: 5\n"], 0.0)]
+    batch = tokenize_episodes(llm.tokenizer, eps, "cpu")
+    with torch.no_grad():
+        logp, line_of = token_logprobs(llm.model, batch)
+        for row, ep in enumerate(eps):
+            ids = llm.tokenizer(ep.head + "".join(ep.lines), add_special_tokens=False)["input_ids"]
+            assert batch.row(row)[0] == ids
+            full = torch.log_softmax(llm.model(input_ids=torch.tensor([ids])).logits[0], -1)
+            ref = full[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+            n = int((line_of[row] >= 0).sum())
+            torch.testing.assert_close(logp[row][line_of[row] >= 0], ref[-n:], atol=1e-4, rtol=1e-4)
+
+
+def test_loss_terms_and_their_gradients():
+    lp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -2.0, -2.0]])
+    line_of = torch.tensor([[0, 0, 0]])
+    T = 3
+    # Policy-gradient term alone (β = 0): dL/dℓ_t = −A/T.
+    loss, _ = reinforce_kl_loss(lp, ref, line_of, [np.array([2.0])], beta=0.0)
+    loss.backward()
+    torch.testing.assert_close(lp.grad, torch.full((1, 3), -2.0 / T))
+    # KL term alone (A = 0): L = Σ β ℓ_t (ℓ_t − ℓ^ref_t)/T², not detached, so dL/dℓ_t = β(2ℓ_t − ℓ^ref_t)/T².
+    lp.grad = None
+    beta = 0.5
+    loss, stats = reinforce_kl_loss(lp, ref, line_of, [np.array([0.0])], beta=beta)
+    loss.backward()
+    torch.testing.assert_close(lp.grad, beta * (2 * lp.detach() - ref) / T**2)
+    torch.testing.assert_close(loss.detach(), (beta * lp * (lp - ref) / T**2).sum().detach())
+    assert stats["kl_sum"] == pytest.approx(float((lp.detach() - ref).sum()))
+
+
+def test_kl_term_is_zero_when_policy_equals_reference():
+    lp = torch.randn(2, 5)
+    line_of = torch.tensor([[0, 0, 1, 1, 1], [-1, 0, 0, 0, 0]])
+    adv = [np.array([0.7, 1.0]), np.array([-0.3])]
+    with_kl, stats = reinforce_kl_loss(lp, lp.clone(), line_of, adv, beta=0.25)
+    without, _ = reinforce_kl_loss(lp, lp.clone(), line_of, adv, beta=0.0)
+    assert float(with_kl) == pytest.approx(float(without))
+    assert stats["kl_sum"] == 0.0
+
+
+def test_advantages_baselines():
+    eps = [MathEpisode("a", 0, "", ["x\n", "y\n"], reward=1.0), MathEpisode("a", 0, "", ["x\n"], reward=0.0),
+           MathEpisode("b", 1, "", ["x\n"], reward=1.0), MathEpisode("b", 1, "", ["x\n"], reward=1.0)]
+    none = advantages(eps, 0.99, "none")
+    np.testing.assert_allclose(none[0], [0.99, 1.0])
+    batch = advantages(eps, 0.99, "batch")
+    np.testing.assert_allclose(batch[1], [-0.75])
+    group = advantages(eps, 0.99, "group")  # leave-one-out within each problem
+    np.testing.assert_allclose(group[0], [0.99 * 1.0, 1.0])
+    np.testing.assert_allclose(group[1], [-1.0])
+    np.testing.assert_allclose(group[2], [0.0])
+
+
+def _trainer(llm, **kw):
+    cfg = ReinforceKLConfig(**{"problems_per_iteration": 2, "group_size": 2, "max_steps": 2, "max_new_tokens": 6,
+                               "micro_batch": 4, "lr": 1e-2, "baseline": "none", "beta": 0.0, **kw})
+    return ReinforceKL(llm, cfg, PROBLEMS[1:], SHOTS)
+
+
+def test_update_raises_logprob_of_rewarded_line():
+    llm = load_model("tiny:1", lora=LoraSettings(r=8, alpha=16, dropout=0.0))
+    good = _episode(llm, PROBLEMS[1], ["The answer is: 3\n"], 1.0)
+    bad = _episode(llm, PROBLEMS[1], ["The answer is: 9\n"], 0.0, group=0)
+    algo = _trainer(llm, baseline="batch")
+    before_good, before_bad = _line_logprob(llm, good), _line_logprob(llm, bad)
+    for _ in range(3):
+        algo.update([good, bad])
+    assert _line_logprob(llm, good) > before_good + 0.05
+    assert _line_logprob(llm, good) - before_good > _line_logprob(llm, bad) - before_bad
+
+
+def test_lora_weights_change_frozen_weights_do_not():
+    llm = load_model("tiny:2", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    algo = _trainer(llm, beta=0.25)
+    named = dict(llm.model.named_parameters())
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {id(p) for g in algo.opt.param_groups for p in g["params"]} == {id(named[n]) for n in trainable}
+    before = {n: p.detach().clone() for n, p in named.items()}
+    eps = [_episode(llm, PROBLEMS[1], ["3 + 2 = 5\n", "The answer is: 5\n"], 1.0),
+           _episode(llm, PROBLEMS[2], ["The answer is: 7\n"], 1.0)]
+    for _ in range(2):  # LoRA's A gets a gradient only once B is non-zero
+        algo.update(eps)
+    for n, p in named.items():
+        changed = not torch.equal(before[n], p.detach())
+        assert changed == (n in trainable), n
+
+
+def test_reference_snapshot_and_refresh():
+    llm = load_model("tiny:3", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    algo = _trainer(llm, beta=0.25, ref_update_iterations=2, micro_batch=2)
+    eps = [_episode(llm, PROBLEMS[1], ["The answer is: 3\n"], 1.0), _episode(llm, PROBLEMS[2], ["x\n"], 0.0)]
+    stats = algo.update(eps)
+    assert stats["divergence"] == 0.0  # one optimiser step, scored before it: policy == reference
+    stats = algo.update(eps)
+    assert stats["divergence"] != 0.0  # the policy moved away from the (unchanged) reference
+    policy = [p.detach().clone() for p in algo.params]
+    with algo.reference_weights():
+        assert all(torch.equal(p, r) for p, r in zip(algo.params, algo.ref))
+    assert all(torch.equal(p, q) for p, q in zip(algo.params, policy))  # swapped back exactly
+    algo.iteration = 2
+    policy_now = [p.detach().clone() for p in algo.params]
+    algo.step()  # iteration 2: the reference is reset to the policy before collecting
+    assert all(torch.equal(r, p) for r, p in zip(algo.ref, policy_now))
+
+
+def test_collect_and_step_on_tiny_model_are_seeded():
+    def run():
+        llm = load_model("tiny:4", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+        algo = _trainer(llm, beta=0.25, baseline="group", calculator=True)
+        stats, eps = algo.step()
+        return stats, [ep.lines for ep in eps]
+
+    (s1, l1), (s2, l2) = run(), run()
+    assert l1 == l2 and s1["loss"] == s2["loss"]
+    assert s1["episodes"] == 4 and all(1 <= len(lines) <= 2 for lines in l1)
+    assert s1["samples"] == sum(len(lines) for lines in l1)
+    assert s1["optimizer_steps"] == 1
+
+
+def test_collect_episodes_state_is_chat_continuation():
+    llm = load_model("tiny:5")
+    cfg = ReinforceKLConfig(problems_per_iteration=1, group_size=2, max_steps=3, max_new_tokens=5)
+    eps = collect_episodes(llm, PROBLEMS[1:2], SHOTS, cfg, seed=0)
+    msgs = build_messages(PROBLEMS[1]["problem"], SHOTS)
+    for ep in eps:
+        assert ep.head == llm.render(msgs) and ep.head.endswith("<|assistant|>\n")
+        state = llm.render([*msgs, {"role": "assistant", "content": "".join(ep.lines)}])
+        assert state == ep.head + "".join(ep.lines)
+        assert len(ep.lines) <= 3 and all(line.endswith("\n") and line.count("\n") == 1 for line in ep.lines)
+
+
+def test_solve_records_every_response():
+    llm = load_model("tiny")
+    recs = solve(llm, PROBLEMS[:3], SHOTS, SamplingConfig(max_new_tokens=4, temperature=0), batch_size=2,
+                 progress=False)
+    assert [r["id"] for r in recs] == ["p1", "p2", "p3"]
+    assert all(set(r) >= {"prompt", "response", "parsed_answer", "correct", "finish_reason"} for r in recs)
+    assert recs[0]["prompt"].startswith("<|system|>")
