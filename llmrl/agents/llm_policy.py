@@ -1,0 +1,284 @@
+"""GLAM's LLM policy: the action strings scored by the LLM, a value head on the prompt's last hidden state.
+
+pi(a | prompt) = softmax_a(score(a | prompt) / T), score = summed log-softmax log-probs of the action string's
+tokens (``llmrl.llm.score_tensors``; the original summed raw logits), or optionally their per-token mean. The
+value head is the original's MLP hidden -> 1024 -> Sigmoid -> 1024 -> Sigmoid -> 1 on the hidden state of the
+prompt's last token. The NPAE variant replaces scoring with an MLP action head over the same hidden state (the
+original's ablation).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from llmrl.llm.load import LLM
+from llmrl.llm.score import score_tensors
+
+SYSTEM = "You are an agent in a grid world. Reply with the next action."
+
+
+def build_prompt(labels: dict[str, str], actions: tuple[str, ...] | list[str], goal: str,
+                 observations: list[str], past_actions: list[str]) -> str:
+    """GLAM's prompt: possible actions, goal, then observations interleaved with actions, last slot empty."""
+    if len(past_actions) != len(observations) - 1:
+        raise ValueError("build_prompt: need exactly one action between consecutive observations")
+    lines = [f"{labels['actions']}: {', '.join(actions)}", f"{labels['goal']}: {goal}"]
+    for i, obs in enumerate(observations):
+        lines.append(f"{labels['obs']} {i}: {obs}")
+        lines.append(f"{labels['action']} {i}: {past_actions[i]}" if i < len(past_actions)
+                     else f"{labels['action']} {i}:")
+    return "\n".join(lines)
+
+
+def render(llm: LLM, prompt: str) -> str:
+    """The exact model input: the chat template (short system turn) for chat models, else the raw prompt."""
+    if llm.is_chat:
+        return llm.render([{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}])
+    return prompt
+
+
+def candidates_for(rendered: str, actions: tuple[str, ...] | list[str]) -> list[str]:
+    """Action strings as continuations: a leading space after a raw prompt, as-is after a chat template."""
+    return [a if rendered.endswith(("\n", " ")) else " " + a for a in actions]
+
+
+class History:
+    """The last ``history`` observations and the actions between them, for one environment."""
+
+    def __init__(self, history: int):
+        self.obs: deque[str] = deque(maxlen=history)
+        self.actions: deque[str] = deque(maxlen=max(history - 1, 1))
+        self.history = history
+
+    def reset(self, text: str) -> None:
+        self.obs.clear()
+        self.actions.clear()
+        self.obs.append(text)
+
+    def push(self, action: str, text: str) -> None:
+        self.actions.append(action)
+        self.obs.append(text)
+
+    def prompt(self, labels: dict[str, str], actions, goal: str) -> str:
+        past = list(self.actions)[-(len(self.obs) - 1):] if len(self.obs) > 1 else []
+        return build_prompt(labels, actions, goal, list(self.obs), past)
+
+
+def mlp_head(hidden: int, out: int, width: int = 1024) -> nn.Sequential:
+    """The original's heads: hidden -> 1024 -> Sigmoid -> 1024 -> Sigmoid -> out."""
+    return nn.Sequential(nn.Linear(hidden, width), nn.Sigmoid(), nn.Linear(width, width), nn.Sigmoid(),
+                         nn.Linear(width, out))
+
+
+@dataclass
+class ActorOutput:
+    logits: torch.Tensor  # [B, A] (log-probs / T for the scoring head)
+    values: torch.Tensor  # [B]
+
+
+class LLMActorCritic(nn.Module):
+    """LLM + value head (+ action head for NPAE). ``llm.model`` carries LoRA or is fully trainable."""
+
+    def __init__(self, llm: LLM, *, head: str = "score", n_actions: int = 6, temperature: float = 1.0,
+                 length_norm: bool = False, seed: int = 0):
+        super().__init__()
+        if head not in ("score", "npae"):
+            raise ValueError(f"LLMActorCritic: head must be 'score' or 'npae', got {head!r}")
+        if temperature <= 0:
+            raise ValueError(f"LLMActorCritic: temperature must be > 0, got {temperature}")
+        self.llm, self.head, self.temperature, self.length_norm = llm, head, temperature, length_norm
+        self.model = llm.model  # registered so .parameters() covers the trainable LLM weights
+        hidden = llm.model.config.hidden_size
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.value_head = mlp_head(hidden, 1).to(llm.device)
+            self.action_head = mlp_head(hidden, n_actions).to(llm.device) if head == "npae" else None
+
+    def _prompt_hidden(self, rendered: list[str]) -> torch.Tensor:
+        tok = self.llm.tokenizer
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in rendered]
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for i, x in enumerate(ids):  # left padding: the last position is every prompt's last token
+            input_ids[i, width - len(x):] = torch.tensor(x)
+            mask[i, width - len(x):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids.to(self.llm.device), attention_mask=mask.to(self.llm.device),
+                         position_ids=pos.to(self.llm.device), output_hidden_states=True)
+        return out.hidden_states[-1][:, -1]
+
+    def forward(self, rendered: list[str], candidates: list[list[str]]) -> ActorOutput:
+        # Identical (prompt, candidates) rows are computed once: small levels repeat observations a lot, and
+        # indexing the shared row back keeps the gradient exact (it sums over the copies).
+        keys = [(r, tuple(c)) for r, c in zip(rendered, candidates)]
+        unique = list(dict.fromkeys(keys))
+        if len(unique) == len(keys):
+            return self._forward(rendered, candidates)
+        out = self._forward([k[0] for k in unique], [list(k[1]) for k in unique])
+        where = {k: i for i, k in enumerate(unique)}
+        rows = torch.tensor([where[k] for k in keys], device=out.logits.device)
+        return ActorOutput(logits=out.logits[rows], values=out.values[rows])
+
+    def _forward(self, rendered: list[str], candidates: list[list[str]]) -> ActorOutput:
+        if self.head == "npae":
+            hidden = self._prompt_hidden(rendered).float()
+            logits = self.action_head(hidden)
+        else:
+            out = score_tensors(self.llm, rendered, candidates, return_prompt_hidden=True)
+            hidden = out.prompt_hidden.float()
+            # length_norm: per-token mean log-prob, so one-token actions are not favoured by length alone
+            score = out.logprob / out.n_tokens.clamp(min=1) if self.length_norm else out.logprob
+            logits = score / self.temperature
+        return ActorOutput(logits=logits, values=self.value_head(hidden).squeeze(-1))
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Every trainable tensor (LoRA adapter or full weights, and the heads) — what a checkpoint holds."""
+        return {n: p.detach().clone() for n, p in self.named_parameters() if p.requires_grad}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.named_parameters())
+        missing = [n for n, p in params.items() if p.requires_grad and n not in state]
+        unknown = [n for n in state if n not in params]
+        if missing or unknown:
+            raise ValueError(f"load_trainable_state: missing {missing[:3]}..., unknown {unknown[:3]}...")
+        with torch.no_grad():
+            for n, t in state.items():
+                params[n].copy_(t)
+
+
+@torch.no_grad()
+def infer(agent: LLMActorCritic, rendered: list[str], candidates: list[list[str]],
+          memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-grad logits [B, A] and values [B] on the CPU.
+
+    ``memo`` maps (prompt, candidates) to earlier results and is filled here, so each distinct prompt is
+    computed once; it is valid only while the agent's weights stay fixed (one rollout, one evaluation).
+    """
+    memo = {} if memo is None else memo
+    keys = [(r, tuple(c)) for r, c in zip(rendered, candidates)]
+    todo = list(dict.fromkeys(k for k in keys if k not in memo))
+    if todo:
+        agent.eval()
+        out = agent([k[0] for k in todo], [list(k[1]) for k in todo])
+        for i, k in enumerate(todo):
+            memo[k] = (out.logits[i].float().cpu(), out.values[i].float().cpu())
+    return torch.stack([memo[k][0] for k in keys]), torch.stack([memo[k][1] for k in keys])
+
+
+class LLMBatchPolicy:
+    """An ``LLMActorCritic`` acting in many environments at once (``llmrl.eval.evaluate_batched``).
+
+    Each slot keeps its GLAM prompt history and a sampler seeded by its episode's seed, so an episode's
+    actions depend on its seed only, not on which slot or batch it ran in. Distinct prompts are scored once
+    per policy object (the weights are fixed during evaluation). ``records`` keeps (rendered prompt,
+    candidates, probabilities, action) of the first ``record_steps`` steps, saved with the results.
+    """
+
+    def __init__(self, agent: LLMActorCritic, name: str, history: int = 3, record_steps: int = 0):
+        self.agent, self.name, self.history = agent, name, history
+        self.record_steps = record_steps
+        self.records: list[dict] = []
+        self.memo: dict = {}
+        self.slots: dict[int, dict] = {}
+
+    def reset(self, slot: int, env: gym.Env, seed: int) -> None:
+        self.slots[slot] = {"actions": tuple(env.get_wrapper_attr("action_texts")),
+                            "labels": dict(env.get_wrapper_attr("labels")), "history": History(self.history),
+                            "gen": torch.Generator().manual_seed(int(seed)), "pending": None}
+
+    def act_batch(self, slots: list[int], observations: list[dict[str, Any]], *, greedy: bool) -> list[int]:
+        rendered, cands = [], []
+        for slot, obs in zip(slots, observations):
+            s = self.slots[slot]
+            if s["pending"] is None:
+                s["history"].reset(obs["text"])
+            else:  # each new observation follows the slot's previous action
+                s["history"].push(s["pending"], obs["text"])
+            r = render(self.agent.llm, s["history"].prompt(s["labels"], s["actions"], obs["mission"]))
+            rendered.append(r)
+            cands.append(candidates_for(r, s["actions"]))
+        logits, _ = infer(self.agent, rendered, cands, self.memo)
+        probs = torch.softmax(logits, -1)
+        actions = []
+        for i, slot in enumerate(slots):
+            s = self.slots[slot]
+            a = int(probs[i].argmax()) if greedy else int(torch.multinomial(probs[i], 1, generator=s["gen"]))
+            s["pending"] = s["actions"][a]
+            actions.append(a)
+            if len(self.records) < self.record_steps:
+                self.records.append({"prompt": rendered[i], "candidates": cands[i], "probs": probs[i].tolist(),
+                                     "action": a, "greedy": greedy})
+        return actions
+
+
+class LLMPolicy:
+    """The harness ``Policy`` (one environment) over an ``LLMBatchPolicy`` with a single slot."""
+
+    def __init__(self, agent: LLMActorCritic, name: str, history: int = 3, record_steps: int = 0):
+        self.name = name
+        self.batch = LLMBatchPolicy(agent, name, history=history, record_steps=record_steps)
+
+    @property
+    def records(self) -> list[dict]:
+        return self.batch.records
+
+    def reset(self, env: gym.Env, seed: int) -> None:
+        self.batch.reset(0, env, seed)
+
+    def act(self, obs: dict[str, Any], *, greedy: bool) -> int:
+        return self.batch.act_batch([0], [obs], greedy=greedy)[0]
+
+
+def build_agent(model: str, variant: str, *, lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0,
+                temperature: float = 1.0, length_norm: bool = False, seed: int = 0,
+                frozen: bool = False) -> LLMActorCritic:
+    """A fresh agent: ``lora`` (adapter on a frozen LLM), ``full`` (all weights trainable) or ``npae``
+    (LoRA + MLP action head); ``frozen`` loads the LLM untrained and without adapter (zero-shot);
+    ``length_norm`` scores candidates by their mean instead of summed token log-prob."""
+    from llmrl.llm.load import LoraSettings, load_model
+
+    if variant not in ("lora", "full", "npae"):
+        raise ValueError(f"build_agent: variant must be lora, full or npae, got {variant!r}")
+    torch.manual_seed(seed)  # LoRA's random A matrices
+    if frozen:
+        llm = load_model(model)
+    elif variant == "full":
+        llm = load_model(model, trainable=True)
+    else:
+        llm = load_model(model, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout))
+    return LLMActorCritic(llm, head="npae" if variant == "npae" else "score", temperature=temperature,
+                          length_norm=length_norm, seed=seed)
+
+
+def save_agent(agent: LLMActorCritic, out_dir, meta: dict) -> None:
+    """``agent.pt`` (trainable tensors) and ``meta.json`` (the ``build_agent`` arguments), atomically."""
+    import json
+    from pathlib import Path
+
+    from llmrl.io import atomic_path
+
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        torch.save(agent.trainable_state(), Path(tmp) / "agent.pt")
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def load_agent(out_dir) -> tuple[LLMActorCritic, dict]:
+    """Rebuild an agent saved by ``save_agent``."""
+    import json
+    from pathlib import Path
+
+    meta_file = Path(out_dir) / "meta.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"load_agent: {meta_file} not found (run the training stage first)")
+    meta = json.loads(meta_file.read_text())
+    agent = build_agent(**meta["build"])
+    agent.load_trainable_state(torch.load(Path(out_dir) / "agent.pt", weights_only=True))
+    agent.eval()
+    return agent, meta

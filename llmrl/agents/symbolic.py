@@ -1,0 +1,91 @@
+"""Symbolic-PPO baseline: a small MLP on the 7x7 grid encoding, the direction and the mission's words.
+
+The original used BabyAI's FiLM-CNN; on 7x7 views a small flat MLP is enough and trains in seconds on a CPU.
+The mission is a bag of words over BabyAI's vocabulary, so the network sees the same goal the LLM reads.
+Trained with the project's PPO (``llmrl.algos.ppo``, shared with LLM4Teach's student) by ``train_symbolic``;
+``SymbolicPolicy`` plugs it into the harness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from llmrl.algos.ppo import PPOConfig, make_vector_env, train
+
+VOCAB = ("go", "to", "pick", "up", "open", "put", "next", "the", "a", "then", "after", "you", "and", "red", "green",
+         "blue", "purple", "yellow", "grey", "key", "ball", "box", "door", "object", "on", "your", "left", "right",
+         "in", "front", "of", "behind")
+_INDEX = {w: i for i, w in enumerate(VOCAB)}
+OBS_DIM = 7 * 7 * 3 + 4 + len(VOCAB)
+
+
+def encode(obs: dict[str, Any]) -> np.ndarray:
+    """[7*7*3 grid scaled to ~0..1, 4 direction one-hot, |VOCAB| word counts] as float32."""
+    image = np.asarray(obs["image"], dtype=np.float32) / np.array([10.0, 5.0, 2.0], dtype=np.float32)
+    direction = np.zeros(4, dtype=np.float32)
+    direction[int(obs["direction"])] = 1.0
+    words = np.zeros(len(VOCAB), dtype=np.float32)
+    for w in obs["mission"].replace(",", " ").split():
+        if w in _INDEX:
+            words[_INDEX[w]] += 1.0
+    return np.concatenate([image.reshape(-1), direction, words])
+
+
+class SymbolicObs(gym.ObservationWrapper):
+    """BabyAI(-Text) dict observations -> the flat vector of ``encode``."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = spaces.Box(0.0, 10.0, shape=(OBS_DIM,), dtype=np.float32)
+        self.action_space = spaces.Discrete(6)
+
+    def observation(self, obs: dict[str, Any]) -> np.ndarray:
+        return encode(obs)
+
+
+class SymbolicActorCritic(nn.Module):
+    """Two-layer tanh MLP trunk with policy and value heads: ``obs [B, D] -> (logits [B, 6], value [B])``."""
+
+    def __init__(self, obs_dim: int = OBS_DIM, n_actions: int = 6, hidden: int = 64):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
+        self.pi = nn.Linear(hidden, n_actions)
+        self.v = nn.Linear(hidden, 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(obs.float())
+        return self.pi(h), self.v(h).squeeze(-1)
+
+
+def train_symbolic(make_env, cfg: PPOConfig, *, seed: int, progress: bool = True
+                   ) -> tuple[SymbolicActorCritic, list[dict]]:
+    """The project's CleanRL-style PPO (``llmrl.algos.ppo``, no teacher) on ``SymbolicObs``-wrapped envs."""
+    torch.manual_seed(seed)
+    agent = SymbolicActorCritic()
+    envs = make_vector_env(lambda: SymbolicObs(make_env()), cfg.num_envs)
+    history = train(envs, agent, cfg, seed=seed, progress=progress)
+    envs.close()
+    return agent, history
+
+
+class SymbolicPolicy:
+    """Harness policy over a trained ``SymbolicActorCritic``; sampled mode draws from a per-episode seed."""
+
+    def __init__(self, model: SymbolicActorCritic, name: str = "symbolic_ppo"):
+        self.model, self.name = model.eval(), name
+        self.gen = torch.Generator().manual_seed(0)
+
+    def reset(self, env: gym.Env, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(int(seed))
+
+    def act(self, obs: dict[str, Any], *, greedy: bool) -> int:
+        with torch.no_grad():
+            logits, _ = self.model(torch.as_tensor(encode(obs))[None])
+        probs = torch.softmax(logits[0], -1)
+        return int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=self.gen))

@@ -1,0 +1,265 @@
+"""PPO for LLM policies (GLAM), CleanRL style: collect, GAE, clipped policy and value losses, entropy bonus.
+
+Defaults follow the original (clip 0.2, entropy 0.01, value 0.5, gamma = lambda = 0.99, 4 epochs, 40 frames per
+env per update, reward 20 x BabyAI reward, Adam eps 1e-5, grad clip 0.5). Differences on purpose: statistics are
+averaged over every epoch and minibatch (the original logged the last one); minibatches are split into
+micro-batches whose gradients are accumulated, so memory does not grow with the minibatch size.
+
+Every update ends with an atomic checkpoint of everything the next update depends on: trainable weights (LoRA
+adapter or full model, heads), optimizer, RNG states, the environments themselves (pickled, mid-episode), their
+prompt histories and the counters. ``train`` resumes from it, so a killed run ends exactly like an unkilled one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from llmrl.agents.llm_policy import History, LLMActorCritic, candidates_for, infer, render
+from llmrl.algos.gae import gae
+from llmrl.io import atomic_path
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    n_envs: int = 4
+    frames_per_env: int = 40
+    updates: int = 10
+    epochs: int = 4
+    minibatch_size: int = 16
+    micro_batch: int = 4
+    lr: float = 1e-6
+    clip: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    gamma: float = 0.99
+    lam: float = 0.99
+    max_grad_norm: float = 0.5
+    reward_scale: float = 20.0
+    adam_eps: float = 1e-5
+    history: int = 3
+    max_steps: int | None = None  # cut training episodes (counted as truncation, bootstrapped by GAE's done=1)
+    seed: int = 0
+
+
+def config_hash(cfg: PPOConfig, extra: dict | None = None) -> str:
+    """Identifies a run, so a checkpoint of other settings is never resumed."""
+    blob = json.dumps({"cfg": asdict(cfg), "extra": extra or {}}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class EnvSlot:
+    """One environment, its current observation, prompt history and running episode statistics."""
+
+    def __init__(self, env: gym.Env, seed: int, history: int):
+        self.env = env
+        self.history = History(history)
+        self.obs, _ = env.reset(seed=seed)
+        self.history.reset(self.obs["text"])
+        self.ep_return = 0.0
+        self.ep_len = 0
+
+    def prompt(self) -> tuple[str, tuple[str, ...]]:
+        actions = tuple(self.env.get_wrapper_attr("action_texts"))
+        labels = self.env.get_wrapper_attr("labels")
+        return self.history.prompt(labels, actions, self.obs["mission"]), actions
+
+
+def _rng_state(gen: torch.Generator) -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "sampler": gen.get_state()}
+
+
+def _set_rng_state(state: dict, gen: torch.Generator) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    gen.set_state(state["sampler"])
+
+
+def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, history, run_id) -> None:
+    with atomic_path(path) as tmp:
+        torch.save({"run_id": run_id, "update": update, "frames": frames, "metrics": history,
+                    "trainable": agent.trainable_state(), "optimizer": optimizer.state_dict(),
+                    "rng": _rng_state(gen), "slots": pickle.dumps(slots)}, tmp)
+
+
+def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: torch.Generator) -> dict:
+    """``frames_per_env`` steps of every env, all envs scored as one batch per step."""
+    T, N = cfg.frames_per_env, len(slots)
+    buf = {"prompts": [], "cands": [], "actions": torch.zeros(T, N, dtype=torch.long),
+           "logp": torch.zeros(T, N), "values": torch.zeros(T, N), "rewards": torch.zeros(T, N),
+           "dones": torch.zeros(T, N)}
+    finished = []
+    memo: dict = {}  # the weights are fixed during a rollout: each distinct prompt is scored once
+    for t in range(T):
+        prompts, cands = [], []
+        for s in slots:
+            p, acts = s.prompt()
+            r = render(agent.llm, p)
+            prompts.append(r)
+            cands.append(candidates_for(r, acts))
+        logits, values = infer(agent, prompts, cands, memo)
+        dist = torch.distributions.Categorical(logits=logits)
+        actions = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
+        buf["prompts"].append(prompts)
+        buf["cands"].append(cands)
+        buf["actions"][t] = actions
+        buf["logp"][t] = dist.log_prob(actions)
+        buf["values"][t] = values
+        for i, s in enumerate(slots):
+            a = int(actions[i])
+            obs, reward, terminated, truncated, info = s.env.step(a)
+            s.ep_return += float(reward)
+            s.ep_len += 1
+            if cfg.max_steps is not None and s.ep_len >= cfg.max_steps:
+                truncated = True
+            buf["rewards"][t, i] = cfg.reward_scale * float(reward)
+            if terminated or truncated:
+                buf["dones"][t, i] = 1.0
+                finished.append({"return": s.ep_return, "length": s.ep_len,
+                                 "success": bool(terminated and reward > 0)})
+                s.obs, _ = s.env.reset()  # the env's own RNG stream continues: fixed by the first seed
+                s.history.reset(s.obs["text"])
+                s.ep_return, s.ep_len = 0.0, 0
+            else:
+                s.history.push(cands[i][a].strip(), obs["text"])
+                s.obs = obs
+    prompts, cands = [], []
+    for s in slots:
+        p, acts = s.prompt()
+        r = render(agent.llm, p)
+        prompts.append(r)
+        cands.append(candidates_for(r, acts))
+    buf["last_value"] = infer(agent, prompts, cands, memo)[1]
+    buf["episodes"] = finished
+    return buf
+
+
+def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: dict, cfg: PPOConfig,
+               gen: torch.Generator) -> dict:
+    """``epochs`` passes of clipped PPO over the flattened batch; returns statistics averaged over all of them."""
+    prompts, cands = batch["prompts"], batch["cands"]
+    actions, old_logp = batch["actions"], batch["logp"]
+    old_values, adv, returns = batch["values"], batch["advantages"], batch["returns"]
+    n = len(prompts)
+    params = [p for p in agent.parameters() if p.requires_grad]
+    stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl",
+                                                     "clipfrac", "grad_norm", "loss")}
+    agent.train()
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n, cfg.minibatch_size):
+            mb = perm[start:start + cfg.minibatch_size]
+            optimizer.zero_grad(set_to_none=True)
+            sums = {k: 0.0 for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss")}
+            for mstart in range(0, len(mb), cfg.micro_batch):
+                idx = mb[mstart:mstart + cfg.micro_batch]
+                out = agent([prompts[i] for i in idx], [cands[i] for i in idx])
+                dist = torch.distributions.Categorical(logits=out.logits.float())
+                logp = dist.log_prob(actions[idx].to(out.logits.device)).cpu()
+                values = out.values.float().cpu()
+                ratio = torch.exp(logp - old_logp[idx])
+                a = adv[idx]
+                policy_loss = -torch.min(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a).mean()
+                v_clipped = old_values[idx] + (values - old_values[idx]).clamp(-cfg.clip, cfg.clip)
+                value_loss = torch.max((values - returns[idx]) ** 2, (v_clipped - returns[idx]) ** 2).mean()
+                entropy = dist.entropy().mean().cpu()
+                loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
+                weight = len(idx) / len(mb)  # micro-batch share of the minibatch mean
+                (loss * weight).backward()
+                with torch.no_grad():
+                    log_ratio = logp - old_logp[idx]
+                    for k, v in (("policy_loss", policy_loss), ("value_loss", value_loss), ("entropy", entropy),
+                                 ("approx_kl", ((ratio - 1) - log_ratio).mean()),
+                                 ("clipfrac", ((ratio - 1).abs() > cfg.clip).float().mean()), ("loss", loss)):
+                        sums[k] += float(v) * weight
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            for k, v in sums.items():
+                stats[k].append(v)
+            stats["grad_norm"].append(float(grad_norm))
+    return {k: float(np.mean(v)) for k, v in stats.items()}
+
+
+def flatten(buf: dict, cfg: PPOConfig) -> dict:
+    """GAE over the [T, N] rollout, then one flat list of samples."""
+    adv, returns = gae(buf["rewards"], buf["values"], buf["dones"], buf["last_value"], cfg.gamma, cfg.lam)
+    return {"prompts": [p for row in buf["prompts"] for p in row],
+            "cands": [c for row in buf["cands"] for c in row],
+            "actions": buf["actions"].reshape(-1), "logp": buf["logp"].reshape(-1),
+            "values": buf["values"].reshape(-1), "advantages": adv.reshape(-1), "returns": returns.reshape(-1)}
+
+
+def train(
+    agent: LLMActorCritic,
+    make_env: Callable[[], gym.Env],
+    cfg: PPOConfig,
+    *,
+    checkpoint: str | Path | None = None,
+    run_extra: dict | None = None,
+    on_update: Callable[[dict], None] | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Train ``agent`` with PPO for ``cfg.updates`` updates; resume from ``checkpoint`` if it holds this run.
+
+    Returns one metrics dict per update (all updates, resumed ones included). ``on_update`` is called after
+    each update that this call ran, once its checkpoint is on disk.
+    """
+    if cfg.minibatch_size % cfg.micro_batch:
+        raise ValueError(f"ppo_llm: minibatch_size {cfg.minibatch_size} is not a multiple of micro_batch "
+                         f"{cfg.micro_batch}")
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in agent.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("ppo_llm: the agent has no trainable parameters")
+    optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps)
+    run_id = config_hash(cfg, run_extra)
+    slots = [EnvSlot(make_env(), seed=cfg.seed * 10_000 + i, history=cfg.history) for i in range(cfg.n_envs)]
+    update, frames, history = 0, 0, []
+    ckpt = Path(checkpoint) if checkpoint else None
+    if ckpt is not None and ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        if state["run_id"] == run_id:
+            agent.load_trainable_state(state["trainable"])
+            optimizer.load_state_dict(state["optimizer"])
+            _set_rng_state(state["rng"], gen)
+            slots = pickle.loads(state["slots"])
+            update, frames, history = state["update"], state["frames"], state["metrics"]
+    bar = tqdm(total=cfg.updates, initial=update, desc="ppo_llm", disable=not progress)
+    while update < cfg.updates:
+        t0 = time.perf_counter()
+        buf = collect(agent, slots, cfg, gen)
+        t_collect = time.perf_counter() - t0
+        stats = ppo_update(agent, optimizer, flatten(buf, cfg), cfg, gen)
+        n_frames = cfg.frames_per_env * cfg.n_envs
+        update += 1
+        frames += n_frames
+        eps = buf["episodes"]
+        row = {"update": update, "frames": frames, "episodes": len(eps),
+               "success_rate": float(np.mean([e["success"] for e in eps])) if eps else 0.0,
+               "return_mean": float(np.mean([e["return"] for e in eps])) if eps else 0.0,
+               "length_mean": float(np.mean([e["length"] for e in eps])) if eps else 0.0,
+               **stats, "fps": n_frames / (time.perf_counter() - t0), "collect_s": t_collect}
+        history.append(row)
+        if ckpt is not None:
+            _save_checkpoint(ckpt, agent, optimizer, gen, slots, update, frames, history, run_id)
+        if on_update is not None:
+            on_update(row)
+        bar.update(1)
+    bar.close()
+    return history

@@ -1,0 +1,93 @@
+"""Params of the GLAM stages (section ``glam`` of params.yaml); paper scale in configs/paper/glam.yaml."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llmrl.config import Section
+
+
+class GlamLoRA(Section):
+    r: int = Field(8, gt=0, description="LoRA rank")
+    alpha: int = Field(16, gt=0, description="LoRA alpha")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (0 keeps PPO's old/new ratios exact)")
+
+
+class GlamPolicy(Section):
+    history: int = Field(3, ge=1, description="observations in the prompt (with history-1 previous actions)")
+    temperature: float = Field(1.0, gt=0, description="softmax temperature over the candidates' log-probs")
+    length_norm: bool = Field(False, description="score candidates by mean (not summed) token log-prob")
+
+
+class GlamTrain(Section):
+    env_id: str = Field(description="BabyAI-Text level to train on")
+    n_envs: int = Field(gt=0, description="environments stepped as one batch")
+    frames_per_env: int = Field(gt=0, description="frames per environment per PPO update (original: 40)")
+    updates: int = Field(gt=0, description="PPO updates")
+    epochs: int = Field(4, gt=0, description="PPO epochs per update")
+    minibatch_size: int = Field(gt=0, description="samples per optimiser step")
+    micro_batch: int = Field(gt=0, description="samples per forward/backward (gradient accumulation)")
+    lr: float = Field(gt=0, description="Adam learning rate")
+    clip: float = Field(0.2, gt=0, description="PPO ratio and value clip")
+    ent_coef: float = Field(0.01, ge=0, description="entropy bonus coefficient")
+    vf_coef: float = Field(0.5, ge=0, description="value loss coefficient")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount")
+    lam: float = Field(0.99, ge=0, le=1, description="GAE lambda")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
+    reward_scale: float = Field(20.0, gt=0, description="reward = reward_scale x BabyAI reward")
+    max_steps: int | None = Field(None, gt=0, description="cut training episodes after this many steps")
+    seeds: list[int] = Field(min_length=1, description="training seeds (one glam_train item per seed x variant)")
+    variants: list[Literal["lora", "full", "npae"]] = Field(
+        min_length=1, description="agent variants: LoRA scoring policy, full fine-tuning, NPAE action head")
+
+
+class GlamBC(Section):
+    episodes: int = Field(gt=0, description="bot demonstrations recorded on the training level")
+    seed: int = Field(ge=0, description="first demonstration seed")
+    epochs: int = Field(gt=0, description="passes over the demonstrations")
+    batch_size: int = Field(gt=0, description="samples per optimiser step")
+    lr: float = Field(gt=0, description="Adam learning rate")
+
+
+class GlamSymbolic(Section):
+    timesteps: int = Field(gt=0, description="PPO environment steps (llmrl.algos.ppo)")
+    n_envs: int = Field(gt=0, description="parallel environments (SyncVectorEnv)")
+    n_steps: int = Field(gt=0, description="rollout steps per env per update")
+    epochs: int = Field(4, gt=0, description="PPO epochs per update")
+    minibatch_size: int = Field(128, gt=0, description="samples per optimiser step")
+    lr: float = Field(gt=0, description="Adam learning rate")
+    seed: int = Field(ge=0, description="training seed")
+
+
+class GlamEval(Section):
+    env_ids: list[str] = Field(min_length=1, description="BabyAI-Text levels to evaluate on")
+    episodes: int = Field(ge=100, description="episodes per agent, level and mode (>= 100)")
+    seed: int = Field(ge=0, description="first evaluation seed (disjoint from training and BC seeds)")
+    max_steps: int | None = Field(None, gt=0, description="cut evaluation episodes after this many steps")
+    modes: list[Literal["greedy", "sampled"]] = Field(["greedy", "sampled"], min_length=1)
+    batch: int = Field(16, gt=0, description="episodes stepped in lockstep, their prompts scored in one forward")
+
+
+class GlamGeneralisation(Section):
+    env_id: str = Field(description="level the text variants are applied to")
+    episodes: int = Field(gt=0, description="episodes per agent and test")
+    seed: int = Field(ge=0, description="first seed (disjoint from training seeds)")
+    max_steps: int | None = Field(None, gt=0, description="cut episodes after this many steps")
+    mode: Literal["greedy", "sampled"] = Field("greedy", description="action selection")
+    tests: list[str] = Field(min_length=1, description="text variants (llmrl.envs.babyai_text.VARIANTS)")
+    batch: int = Field(16, gt=0, description="episodes stepped in lockstep, their prompts scored in one forward")
+    include_bc: bool = Field(False, description="also test the BC agent (the original tested GLAM agents only)")
+
+
+class GlamParams(Section):
+    model: str = Field(description="base model spec (models/base_llm, embedded:..., tiny, a hub name)")
+    threads: int = Field(2, gt=0, description="torch CPU threads")
+    lora: GlamLoRA = GlamLoRA()
+    policy: GlamPolicy = GlamPolicy()
+    train: GlamTrain
+    bc: GlamBC
+    symbolic: GlamSymbolic
+    eval: GlamEval
+    generalisation: GlamGeneralisation

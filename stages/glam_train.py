@@ -1,0 +1,61 @@
+"""Stage glam_train@<variant>-<seed>: PPO of the LLM policy (GLAM) on a BabyAI-Text level.
+
+Resumable: every update ends with an atomic checkpoint in models/glam_ckpt/<item>/ (a persist out), and a
+restarted stage continues from it, ending with the metrics of an uninterrupted run.
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import sys
+import time
+
+import torch
+from dvclive import Live
+
+from llmrl.agents.llm_policy import build_agent, save_agent
+from llmrl.algos.ppo_llm import PPOConfig, train
+from llmrl.config.glam import GlamParams
+from llmrl.envs import make_env
+from llmrl.io import write_json
+
+
+def main() -> None:
+    p = stage_params("glam", GlamParams)
+    item = sys.argv[1] if len(sys.argv) > 1 else f"{p.train.variants[0]}-{p.train.seeds[0]}"
+    variant, _, seed_s = item.rpartition("-")
+    if variant not in p.train.variants or not seed_s.isdigit() or int(seed_s) not in p.train.seeds:
+        raise SystemExit(f"glam_train: item {item!r} is not <variant>-<seed> of glam.train.variants x seeds")
+    seed = int(seed_s)
+    torch.set_num_threads(p.threads)
+    t = p.train
+    build = {"model": p.model, "variant": variant, "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
+             "lora_dropout": p.lora.dropout, "temperature": p.policy.temperature,
+             "length_norm": p.policy.length_norm, "seed": seed}
+    agent = build_agent(**build)
+    cfg = PPOConfig(n_envs=t.n_envs, frames_per_env=t.frames_per_env, updates=t.updates, epochs=t.epochs,
+                    minibatch_size=t.minibatch_size, micro_batch=t.micro_batch, lr=t.lr, clip=t.clip,
+                    ent_coef=t.ent_coef, vf_coef=t.vf_coef, gamma=t.gamma, lam=t.lam,
+                    max_grad_norm=t.max_grad_norm, reward_scale=t.reward_scale, history=p.policy.history,
+                    max_steps=t.max_steps, seed=seed)
+    start = time.perf_counter()
+    history = train(agent, lambda: make_env(t.env_id), cfg,
+                    checkpoint=ROOT / "models" / "glam_ckpt" / item / "checkpoint.pt",
+                    run_extra={"build": build, "env_id": t.env_id},
+                    on_update=lambda r: log.info("update %d: success %.3f entropy %.3f loss %.4f fps %.2f",
+                                                 r["update"], r["success_rate"], r["entropy"], r["loss"],
+                                                 r["fps"]))
+    save_agent(agent, ROOT / "models" / "glam" / item,
+               {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
+    # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.
+    with Live(dir=str(ROOT / "plots" / "glam_train" / item), save_dvc_exp=False, dvcyaml=None,
+              report=None) as live:
+        for row in history:
+            live.step = row["update"]
+            for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):
+                live.log_metric(k, row[k])
+    write_json(ROOT / "metrics" / "glam" / "train" / f"{item}.json",
+               {"item": item, "final": history[-1], "updates": history, "wall_s": time.perf_counter() - start})
+
+
+if __name__ == "__main__":
+    main()
