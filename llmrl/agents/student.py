@@ -1,0 +1,163 @@
+"""Student networks: actor-critic modules mapping an observation batch to (action logits, value).
+
+``GridStudent`` follows the original LLM4Teach ``MLPBase``: three 3×3 convolutions (16, 32, 64 channels, ReLU),
+then separate actor and critic heads (flatten → 64 → out). Changes, for sample efficiency and CPU cost:
+the memory grid is first re-centred on the agent and rotated to its heading (an egocentric canvas, so "the
+key is ahead on the left" looks the same everywhere); each cell's integer codes (object, colour, state,
+direction) are embedded (a learned one-hot projection; raw codes would make "key" (5) look like 5/4 of a
+"door" (4)); and a 2×2 max-pool follows each convolution but the last.
+
+``MLPStudent`` flattens any observation into a two-hidden-layer actor-critic (benchmark and MPE).
+
+Both are rebuilt from ``config()`` + ``state_dict()`` (``save_student`` / ``load_student``); no pickled modules.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
+from torch import nn
+
+from llmrl.io import atomic_path
+
+# Channel vocabularies of the memory grid: object, colour, state, direction (0-3 facing, 4 = no agent here).
+GRID_VOCAB = (len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX), 5)
+
+
+class GridStudent(nn.Module):
+    def __init__(self, width: int, height: int, n_actions: int, channels: tuple[int, ...] = (16, 32, 64),
+                 hidden: int = 64, embed_dim: int = 8):
+        super().__init__()
+        self._config = {"kind": "grid", "width": width, "height": height, "n_actions": n_actions,
+                        "channels": list(channels), "hidden": hidden, "embed_dim": embed_dim}
+        self.register_buffer("offsets", torch.tensor([0, *GRID_VOCAB[:-1]]).cumsum(0), persistent=False)
+        # Canvas offsets (right a, forward b) in [-S, S]; S = size - 2 covers a walled room from any inside cell.
+        s = max(width, height) - 2
+        a, b = torch.meshgrid(torch.arange(-s, s + 1), torch.arange(-s, s + 1), indexing="ij")
+        fwd = torch.tensor([[1, 0], [0, 1], [-1, 0], [0, -1]])
+        right = torch.stack([-fwd[:, 1], fwd[:, 0]], dim=1)
+        # rel[d] = a * right_d + b * forward_d: [4, 2S+1, 2S+1, 2]
+        rel = a[None, ..., None] * right[:, None, None, :] + b[None, ..., None] * fwd[:, None, None, :]
+        self.register_buffer("rel", rel, persistent=False)
+        size = 2 * s + 1
+        # One embedding table for the four codes of a cell (summed): a one-hot 1x1 convolution, without the one-hot.
+        self.embed = nn.Embedding(sum(GRID_VOCAB), embed_dim)
+        layers, c_in = [], embed_dim
+        for i, c in enumerate(channels):
+            layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.ReLU()]
+            if i < len(channels) - 1:  # halve the canvas between convolutions: CPU cost, receptive field
+                layers.append(nn.MaxPool2d(2))
+                size //= 2
+            c_in = c
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        flat = c_in * size * size
+        self.actor = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
+        self.critic = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def config(self) -> dict:
+        return dict(self._config)
+
+    def to_egocentric(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B, W, H, 4] → [B, 2S+1, 2S+1, 4] centred on the agent, rotated so it faces +forward; unseen outside."""
+        B, W, H, _ = obs.shape
+        agent = (obs[..., 3] != 4).flatten(1).float().argmax(1)
+        ax, ay = agent // H, agent % H
+        d = obs.flatten(1, 2)[torch.arange(B), agent, 3].long()
+        rel = self.rel[d]  # [B, 2S+1, 2S+1, 2]
+        sx, sy = ax[:, None, None] + rel[..., 0], ay[:, None, None] + rel[..., 1]
+        inside = (sx >= 0) & (sx < W) & (sy >= 0) & (sy < H)
+        flat = (sx.clamp(0, W - 1) * H + sy.clamp(0, H - 1)).flatten(1)  # [B, K]
+        out = obs.flatten(1, 2).gather(1, flat[..., None].expand(-1, -1, 4)).view(*sx.shape, 4)
+        fill = torch.tensor([0, 0, 0, 4], dtype=obs.dtype, device=obs.device)
+        return torch.where(inside[..., None], out, fill)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B, W, H, 4] integer codes → [B, embed_dim, 2S+1, 2S+1] egocentric feature planes."""
+        ego = self.to_egocentric(obs).long() + self.offsets
+        return self.embed(ego).sum(dim=-2).permute(0, 3, 1, 2)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.conv(self.encode(obs))
+        return self.actor(z), self.critic(z).squeeze(-1)
+
+
+class MLPStudent(nn.Module):
+    """Flatten → (hidden → tanh) × len(hidden), separately for the actor and the critic.
+
+    With ``critic_dim`` the critic is centralised (MAPPO): the input row is [actor input (``obs_dim``) |
+    critic input (``critic_dim``)], so one tensor still carries everything and PPO's loss stays generic.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...] = (64, 64), critic_dim: int | None = None):
+        super().__init__()
+        self._config = {"kind": "mlp", "obs_dim": obs_dim, "n_actions": n_actions, "hidden": list(hidden),
+                        "critic_dim": critic_dim}
+        self.obs_dim, self.critic_dim = obs_dim, critic_dim
+        self.actor = self._mlp(obs_dim, hidden, n_actions)
+        self.critic = self._mlp(critic_dim or obs_dim, hidden, 1)
+
+    @staticmethod
+    def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int) -> nn.Sequential:
+        layers = []
+        for h in hidden:
+            layers += [nn.Linear(n_in, h), nn.Tanh()]
+            n_in = h
+        return nn.Sequential(*layers, nn.Linear(n_in, n_out))
+
+    def config(self) -> dict:
+        return dict(self._config)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = obs.flatten(1).float()
+        if self.critic_dim is None:
+            return self.actor(x), self.critic(x).squeeze(-1)
+        return self.actor(x[:, :self.obs_dim]), self.critic(x[:, self.obs_dim:]).squeeze(-1)
+
+
+def build_student(config: dict) -> nn.Module:
+    cfg = dict(config)
+    kind = cfg.pop("kind")
+    if kind == "grid":
+        return GridStudent(cfg["width"], cfg["height"], cfg["n_actions"], tuple(cfg["channels"]), cfg["hidden"],
+                           cfg["embed_dim"])
+    if kind == "mlp":
+        return MLPStudent(cfg["obs_dim"], cfg["n_actions"], tuple(cfg["hidden"]), cfg["critic_dim"])
+    raise ValueError(f"student config: unknown kind {kind!r} (expected 'grid' or 'mlp')")
+
+
+def save_student(path: str | os.PathLike, model: nn.Module, extra: dict | None = None) -> None:
+    """``{"config", "state_dict", **extra}`` written atomically with ``torch.save``."""
+    with atomic_path(path) as tmp:
+        torch.save({"config": model.config(), "state_dict": model.state_dict(), **(extra or {})}, tmp)
+
+
+def load_student(path: str | os.PathLike) -> tuple[nn.Module, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"student checkpoint {path} not found")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_student(ckpt["config"])
+    model.load_state_dict(ckpt["state_dict"])
+    return model, ckpt
+
+
+class StudentPolicy:
+    """A trained student as an evaluation-harness ``Policy``: argmax when greedy, else a seeded sample."""
+
+    def __init__(self, model: nn.Module, name: str = "student"):
+        self.model = model.eval()
+        self.name = name
+        self.gen = torch.Generator().manual_seed(0)
+
+    def reset(self, env, seed: int) -> None:
+        self.gen.manual_seed(seed)
+
+    def act(self, obs, *, greedy: bool) -> int:
+        with torch.no_grad():
+            logits, _ = self.model(torch.as_tensor(obs)[None])
+        if greedy:
+            return int(logits.argmax(-1))
+        return int(torch.multinomial(logits.softmax(-1), 1, generator=self.gen))

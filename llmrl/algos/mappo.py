@@ -1,0 +1,130 @@
+"""MAPPO for MPE simple_spread with an optional per-agent teacher (LLM4Teach's loss, multi-agent).
+
+One actor shared by all agents sees its own observation plus a one-hot agent id; the centralised critic
+sees every agent's observation (the global state) plus the id and predicts that agent's return. Agents are
+stacked into the batch dimension, so the loss is exactly ``llmrl.algos.ppo.ppo_loss`` — PPO + λ_k ·
+H(π_T, π_θ) with the same ``DistillSchedule`` — and λ₀ = 0 (or no teacher) is plain MAPPO. Advantages are
+GAE per agent stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from llmrl.agents.student import MLPStudent
+from llmrl.algos.gae import gae
+from llmrl.algos.ppo import DistillSchedule, PPOConfig, Teacher, ppo_loss, sample_categorical
+from llmrl.envs.mpe import SpreadBatch
+
+
+def mappo_inputs(obs: np.ndarray) -> np.ndarray:
+    """[env, agent, D] observations → [env, agent, (D + A) + (A·D + A)]: actor part | critic part."""
+    E, A, D = obs.shape
+    ids = np.broadcast_to(np.eye(A, dtype=np.float32), (E, A, A))
+    state = np.broadcast_to(obs.reshape(E, 1, A * D), (E, A, A * D))
+    return np.concatenate([obs, ids, state, ids], axis=-1)
+
+
+def make_mappo_agent(obs_dim: int, n_agents: int, n_actions: int, hidden: tuple[int, ...] = (64, 64)) -> MLPStudent:
+    return MLPStudent(obs_dim + n_agents, n_actions, hidden, critic_dim=n_agents * obs_dim + n_agents)
+
+
+def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: int,
+                teacher: Teacher | None = None, distill: DistillSchedule | None = None,
+                on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
+    """Train the shared actor and centralised critic in place; one stats dict per iteration.
+
+    ``cfg.num_envs`` must equal ``envs.num_envs``; ``cfg.total_frames`` counts joint steps × agents.
+    ``teacher`` maps raw per-agent observations [B, D] to π_T [B, n_actions].
+    """
+    if envs.num_envs != cfg.num_envs:
+        raise ValueError(f"num_envs: config says {cfg.num_envs}, env batch has {envs.num_envs}")
+    distill = distill or DistillSchedule(initial=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+    T, E, A = cfg.num_steps, envs.num_envs, envs.n_agents
+    S = E * A  # agent streams
+    iterations = max(1, cfg.total_frames // (T * S))
+    batch_size = T * S
+
+    obs = envs.reset(seed=seed)
+    in_dim = mappo_inputs(obs).shape[-1]
+    inputs = torch.zeros((T, S, in_dim))
+    actions = torch.zeros((T, S), dtype=torch.long)
+    logprobs, rewards, dones, values = (torch.zeros((T, S)) for _ in range(4))
+    teacher_buf = torch.zeros((T, S, envs.n_actions))
+    history: list[dict] = []
+    frames, start = 0, time.perf_counter()
+
+    for it in tqdm(range(iterations), desc="mappo", disable=not progress, leave=False):
+        coef = distill.coef(it) if teacher is not None else 0.0
+        finished: list[float] = []
+        for t in range(T):
+            x = torch.as_tensor(mappo_inputs(obs)).reshape(S, in_dim)
+            inputs[t] = x
+            if coef > 0:
+                teacher_buf[t] = torch.as_tensor(teacher(obs.reshape(S, -1)))
+            with torch.inference_mode():
+                logits, value = agent(x)
+                logp_all = F.log_softmax(logits, dim=-1)
+                action = sample_categorical(logp_all, gen)
+            actions[t], values[t] = action, value
+            logprobs[t] = logp_all.gather(1, action[:, None]).squeeze(1)
+            obs, reward, done, ended = envs.step(action.numpy().reshape(E, A))
+            finished += ended
+            rewards[t] = torch.as_tensor(reward.reshape(S))
+            dones[t] = torch.as_tensor(np.repeat(done, A), dtype=torch.float32)
+        frames += T * S
+
+        with torch.no_grad():
+            last_value = agent(torch.as_tensor(mappo_inputs(obs)).reshape(S, in_dim))[1]
+        lam = 1.0 if cfg.advantage == "mc" else cfg.gae_lambda
+        advantages, returns = gae(rewards, values, dones, last_value, cfg.gamma, lam)
+
+        batch = {"obs": inputs.flatten(0, 1), "actions": actions.flatten(), "logprobs": logprobs.flatten(),
+                 "advantages": advantages.flatten(), "returns": returns.flatten(), "values": values.flatten()}
+        if coef > 0:
+            batch["teacher"] = teacher_buf.flatten(0, 1)
+        sums: dict[str, torch.Tensor] = {}
+        n_mb = 0
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(batch_size, generator=gen)
+            for lo in range(0, batch_size, cfg.minibatch_size):
+                idx = perm[lo:lo + cfg.minibatch_size]
+                loss, parts = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, cfg, coef)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+                optimizer.step()
+                for k, v in parts.items():
+                    sums[k] = sums.get(k, 0.0) + v.detach()
+                n_mb += 1
+
+        stats = {"iteration": it, "frames": frames, "distill_coef": coef,
+                 **{f"loss/{k}": float(v) / n_mb for k, v in sums.items()},
+                 "episodes": len(finished), "fps": frames / (time.perf_counter() - start)}
+        if finished:
+            stats["train/return"] = float(np.mean(finished))
+        history.append(stats)
+        if on_iteration is not None:
+            on_iteration(stats)
+    return history
+
+
+def evaluate_spread(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int, *, n_agents: int = 3,
+                    max_cycles: int = 25, local_ratio: float = 0.5) -> list[float]:
+    """Episode returns (sum over steps of the agents' mean reward) of a joint policy ``obs [A, D] -> actions [A]``."""
+    envs = SpreadBatch(1, n_agents, max_cycles, local_ratio)
+    obs = envs.reset(seed=seed)
+    returns: list[float] = []
+    while len(returns) < episodes:
+        obs, _, _, ended = envs.step(np.asarray(act(obs[0]))[None])
+        returns += ended
+    return returns

@@ -1,0 +1,99 @@
+"""Params of the LLM4Teach stages (``teach`` section of params.yaml): teacher, training, MPE, evaluation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llmrl.config import Section
+
+EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
+TeacherKind = Literal["llm", "oracle", "none"]
+
+
+class TeachTeacherParams(Section):
+    backend: Literal["local", "openai"] = Field("local", description="local: load_model(spec) in-process; "
+                                                "openai: any OpenAI-compatible chat endpoint")
+    spec: str = Field("models/base_llm", description="model spec for the local backend (folder, embedded:..., hub "
+                      "name, tiny)")
+    openai_model: str = Field("", description="model name for the openai backend")
+    openai_base_url: str = Field("", description="base URL for the openai backend")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
+    n_ask: int = Field(10, ge=1, description="replies sampled per observation text (original: 10)")
+    max_new_tokens: int = Field(24, gt=0, description="reply length budget in tokens")
+    temperature: float = Field(0.9, ge=0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    seed: int = Field(0, ge=0, description="sampling seed of the planner (part of every reply-cache key)")
+    answer_prefix: str = Field("Action: {", description="start of the assistant turn; '' lets the model write "
+                               "the full three-part answer (original prompt protocol)")
+    stop: list[str] = Field(default_factory=lambda: ["\n"], description="stop strings of a reply")
+    fallback_plan: str = Field("explore", min_length=1, description="plan used when no reply for a text is valid")
+    batch_size: int = Field(10, gt=0, description="replies decoded together from one shared prompt prefill (local)")
+
+
+class TeachPPOParams(Section):
+    total_frames: int = Field(gt=0, description="environment steps per run (all envs together)")
+    num_envs: int = Field(8, gt=0, description="parallel environments")
+    num_steps: int = Field(64, gt=0, description="rollout length per env per iteration")
+    epochs: int = Field(3, gt=0, description="passes over each rollout (original: 3)")
+    minibatch_size: int = Field(128, gt=0, description="minibatch size (original: 128)")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate (original: 1e-3)")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    advantage: Literal["gae", "mc"] = Field("gae", description="gae, or mc (the original's Monte-Carlo returns)")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range (policy and value)")
+    value_coef: float = Field(0.5, ge=0, description="value loss weight")
+    entropy_coef: float = Field(0.001, ge=0, description="entropy bonus weight (original: 0.001)")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient norm clip")
+
+
+class TeachDistillParams(Section):
+    initial: float = Field(10.0, ge=0, description="λ_0 of the teacher cross-entropy (0 = pure PPO)")
+    decrement: float = Field(0.005, ge=0, description="λ decrease per iteration")
+    minimum: float = Field(0.1, ge=0, description="λ floor")
+    until_iteration: int = Field(3000, ge=0, description="iteration from which the teacher term is dropped")
+
+
+class TeachStudentParams(Section):
+    channels: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1,
+                                description="3x3 convolution channels (original: 16, 32, 64)")
+    hidden: int = Field(64, gt=0, description="width of the actor and critic heads")
+    embed_dim: int = Field(8, gt=0, description="embedding width of each cell's (object, colour, state, direction)")
+
+
+class TeachTrainParams(Section):
+    envs: list[EnvKey] = Field(min_length=1, description="DoorKey-family environments to train on")
+    teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure PPO)")
+    seeds: list[int] = Field(min_length=1, description="training seeds (env and torch)")
+    ppo: TeachPPOParams
+    distill: TeachDistillParams = TeachDistillParams()
+    student: TeachStudentParams = TeachStudentParams()
+    curve_points: int = Field(8, gt=0, description="greedy evaluations along training (learning curve, AULC)")
+    curve_episodes: int = Field(20, gt=0, description="episodes per learning-curve evaluation")
+    curve_seed: int = Field(500000, ge=0, description="first learning-curve level seed (apart from eval seeds)")
+
+
+class TeachMPEParams(Section):
+    teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure MAPPO)")
+    seeds: list[int] = Field(min_length=1, description="training seeds")
+    n_agents: int = Field(3, ge=2, le=3, description="agents = landmarks (the teacher's text assumes 3)")
+    max_cycles: int = Field(25, gt=0, description="episode length")
+    local_ratio: float = Field(0.5, ge=0, le=1, description="weight of the local (collision) reward")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="actor/critic MLP widths")
+    ppo: TeachPPOParams
+    distill: TeachDistillParams = TeachDistillParams()
+
+
+class TeachEvalParams(Section):
+    episodes: int = Field(100, ge=100, description="evaluation episodes per policy, seed and mode (>= 100)")
+    seed: int = Field(200000, ge=0, description="first evaluation level seed; disjoint from training seeds")
+    success_target: float = Field(0.9, gt=0, le=1, description="student-with-teacher success the result asks for")
+    ppo_ceiling: float = Field(0.5, gt=0, le=1, description="pure PPO must stay below this at the same budget")
+
+
+class TeachParams(Section):
+    teacher: TeachTeacherParams = TeachTeacherParams()
+    train: TeachTrainParams
+    mpe: TeachMPEParams
+    eval: TeachEvalParams = TeachEvalParams()

@@ -1,0 +1,78 @@
+"""What the LLM4Teach stages share: output paths and the planner built from the ``teach.teacher`` params.
+
+The planner's replies live in the reply cache ``data/teach/replies`` (an out of ``teach_plans``); training
+and evaluation open it offline, so they never load a model and a missing reply is an error record.
+"""
+
+from __future__ import annotations
+
+from common import ROOT  # isort: skip
+
+import torch
+
+from llmrl.agents.teacher import (
+    ENV_KIND,
+    LazyBackend,
+    LLMPlanner,
+    OraclePlanner,
+    SharedPromptBackend,
+    TaskKind,
+    TeacherPolicy,
+)
+from llmrl.config.teach import TeachTeacherParams
+from llmrl.envs.doorkey import ENV_IDS
+from llmrl.envs.mpe import ENV_ID as MPE_ID
+from llmrl.llm.backends import CachedBackend, ReplyCache
+from llmrl.llm.generate import SamplingConfig
+
+# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
+# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
+torch.set_num_threads(1)
+
+REPLIES = ROOT / "data" / "teach" / "replies"
+PLANS = ROOT / "data" / "teach" / "plans"
+MODELS = ROOT / "models" / "teach"
+METRICS = ROOT / "metrics" / "teach"
+PLOTS = ROOT / "plots" / "teach"
+MPE_KEY = "simple_spread"
+
+
+def env_id(key: str) -> str:
+    return MPE_ID if key == MPE_KEY else ENV_IDS[key]
+
+
+def task_kind(key: str) -> TaskKind:
+    return ENV_KIND[env_id(key)]
+
+
+def _backend_factory(p: TeachTeacherParams):
+    if p.backend == "openai":
+        from llmrl.llm.backends import OpenAIChatBackend
+
+        return (f"openai:{p.openai_model}@{p.openai_base_url}",
+                lambda: OpenAIChatBackend(p.openai_model, p.openai_base_url, api_key_env=p.api_key_env))
+
+    def local():
+        from llmrl.llm.load import load_model
+
+        spec = str(ROOT / p.spec) if (ROOT / p.spec).is_dir() else p.spec
+        return SharedPromptBackend(load_model(spec), batch_size=p.batch_size)
+
+    return f"local-shared-prompt:{p.spec}", local
+
+
+def make_planner(key: str, teacher: str, p: TeachTeacherParams, *, offline: bool) -> LLMPlanner | OraclePlanner:
+    kind = task_kind(key)
+    if teacher == "oracle":
+        return OraclePlanner(kind)
+    model_id, factory = _backend_factory(p)
+    backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(REPLIES), offline=offline)
+    sampling = SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                              stop=tuple(p.stop), seed=p.seed)
+    return LLMPlanner(kind, backend, n_ask=p.n_ask, sampling=sampling, answer_prefix=p.answer_prefix,
+                      fallback_plan=p.fallback_plan)
+
+
+def make_teacher(key: str, teacher: str, p: TeachTeacherParams, n_actions: int) -> TeacherPolicy:
+    """The teacher of a run, replaying cached LLM replies offline."""
+    return TeacherPolicy(task_kind(key), make_planner(key, teacher, p, offline=True), n_actions)

@@ -1,0 +1,69 @@
+"""Stage teach_train_mpe@<teacher>-<seed>: MAPPO on MPE simple_spread (N=3) with a per-agent LLM teacher, the
+oracle teacher, or none (pure MAPPO with a centralised critic), for the same frame budget.
+
+Usage: python stages/teach_train_mpe.py <llm|oracle|none> <seed>
+Writes models/teach/mpe-<teacher>-<seed>/student.pt, metrics/teach/train/mpe-<teacher>-<seed>.json and dvclive
+curves under plots/teach/train/mpe-<teacher>-<seed>/.
+"""
+
+from common import log, stage_params  # isort: skip
+from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, make_teacher  # isort: skip
+
+import sys
+import time
+
+from dvclive import Live
+
+from llmrl.agents.student import save_student
+from llmrl.algos.mappo import make_mappo_agent, train_mappo
+from llmrl.algos.ppo import DistillSchedule, PPOConfig
+from llmrl.config.teach import TeachParams
+from llmrl.envs.mpe import SpreadBatch
+from llmrl.io import write_json
+from llmrl.seeding import seed_everything
+
+
+def main(teacher_kind: str, seed: int) -> None:
+    p = stage_params("teach", TeachParams)
+    m = p.mpe
+    if teacher_kind not in m.teachers or seed not in m.seeds:
+        raise SystemExit(f"teach_train_mpe: {teacher_kind}-{seed} is not in teach.mpe teachers/seeds")
+    run = f"mpe-{teacher_kind}-{seed}"
+    seed_everything(seed)
+    cfg = PPOConfig(**m.ppo.model_dump())
+    envs = SpreadBatch(cfg.num_envs, m.n_agents, m.max_cycles, m.local_ratio)
+    agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, tuple(m.hidden))
+    teacher = make_teacher(MPE_KEY, teacher_kind, p.teacher, envs.n_actions) if teacher_kind != "none" else None
+    start = time.perf_counter()
+    with Live(dir=str(PLOTS / "train" / run), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+        def on_iteration(stats: dict) -> None:
+            live.step = stats["frames"]
+            for k, v in stats.items():
+                if k not in ("iteration", "frames"):
+                    live.log_metric(k, v)
+            live.next_step()
+
+        history = train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
+                              distill=DistillSchedule(**m.distill.model_dump()), on_iteration=on_iteration)
+    seconds = time.perf_counter() - start
+    returns = [h["train/return"] for h in history if "train/return" in h]
+    metrics = {"run": run, "env_id": "simple_spread_v3", "teacher": teacher_kind, "seed": seed,
+               "frames": history[-1]["frames"], "iterations": len(history), "seconds": round(seconds, 1),
+               "train_return_first": returns[0] if returns else None,
+               "train_return_last": returns[-1] if returns else None,
+               "train_return_curve": [(h["frames"], h["train/return"]) for h in history if "train/return" in h]}
+    if teacher is not None:
+        metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
+        if hasattr(teacher.planner, "stats"):
+            metrics["llm"] = teacher.planner.stats()
+    save_student(MODELS / run / "student.pt", agent, {"run": metrics, "ppo": m.ppo.model_dump(),
+                                                      "n_agents": m.n_agents})
+    write_json(METRICS / "train" / f"{run}.json", metrics)
+    log.info("%s: %d frames in %.0f s, train return %s → %s", run, metrics["frames"], seconds,
+             metrics["train_return_first"], metrics["train_return_last"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: teach_train_mpe.py <llm|oracle|none> <seed>")
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,275 @@
+"""LLM4Teach: the λ schedule, the distillation gradient, the LLM planner's typed replies, fallbacks and cache,
+the skills, the student networks and short PPO / MAPPO runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from llmrl.agents.skills import FORWARD, LEFT, RIGHT, GridView, go_to
+from llmrl.agents.student import GridStudent, MLPStudent, load_student, save_student
+from llmrl.agents.teacher import (
+    LazyBackend,
+    LLMPlanner,
+    OraclePlanner,
+    PlanDistribution,
+    SharedPromptBackend,
+    TeacherPolicy,
+    canonical_colors,
+    describe,
+    oracle_plan,
+    observation_texts,
+    parse_reply,
+)
+from llmrl.algos.mappo import make_mappo_agent, train_mappo
+from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, ppo_loss, train
+from llmrl.envs import make_env
+from llmrl.envs.doorkey import ENV_IDS
+from llmrl.envs.mpe import SpreadBatch
+from llmrl.llm.backends import CachedBackend, LocalBackend, ReplyCache
+from llmrl.llm.generate import SamplingConfig
+from llmrl.llm.load import load_model
+
+SIMPLE = ENV_IDS["simpledoorkey"]
+
+
+# ----------------------------------------------------------------------------------------- schedule, loss
+
+
+def test_distill_schedule_values():
+    s = DistillSchedule()  # original: 10, -0.005 per iteration, floor 0.1, off from iteration 3000
+    assert s.coef(0) == 10.0
+    assert s.coef(100) == pytest.approx(9.5)
+    assert s.coef(1000) == pytest.approx(5.0)
+    assert s.coef(1980) == pytest.approx(0.1)
+    assert s.coef(2500) == pytest.approx(0.1)
+    assert s.coef(2999) == pytest.approx(0.1)
+    assert s.coef(3000) == 0.0
+    pure = DistillSchedule(initial=0.0)
+    assert all(pure.coef(k) == 0.0 for k in (0, 10, 2000, 5000))
+
+
+def _minibatch(obs, teacher=None):
+    n = obs.shape[0]
+    mb = {"obs": obs, "actions": torch.zeros(n, dtype=torch.long), "logprobs": torch.zeros(n),
+          "advantages": torch.zeros(n), "returns": torch.zeros(n), "values": torch.zeros(n)}
+    if teacher is not None:
+        mb["teacher"] = teacher
+    return mb
+
+
+def test_distillation_gradient_moves_student_towards_teacher():
+    torch.manual_seed(0)
+    agent = MLPStudent(6, 4, (16,))
+    obs = torch.randn(32, 6)
+    teacher = torch.zeros(32, 4)
+    teacher[:, 2] = 0.7
+    teacher[:, 3] = 0.3
+    cfg = PPOConfig(entropy_coef=0.0, value_coef=0.0)
+
+    def kl():
+        with torch.no_grad():
+            logp = torch.log_softmax(agent(obs)[0], -1)
+        return float((teacher * (torch.log(teacher.clamp_min(1e-12)) - logp)).sum(-1).mean())
+
+    before = kl()
+    opt = torch.optim.SGD(agent.parameters(), lr=0.5)
+    for _ in range(20):
+        loss, parts = ppo_loss(agent, _minibatch(obs, teacher), cfg, distill_coef=1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert kl() < 0.5 * before
+    # λ = 0: the teacher term contributes no gradient at all
+    agent.zero_grad()
+    loss, _ = ppo_loss(agent, _minibatch(obs, teacher), cfg, distill_coef=0.0)
+    loss.backward()
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in agent.actor.parameters())
+
+
+# ----------------------------------------------------------------------------------------- planner
+
+
+def test_parse_reply_types_and_frequencies():
+    assert parse_reply("3. Action: {go to <key>,  Pick up <key>}").plan == "go to <key>, pick up <key>"
+    assert parse_reply("Actions: {explore}").kind == "plan"
+    assert parse_reply("I would open the door").kind == "invalid"
+    assert parse_reply("Action: {   }").kind == "invalid"
+    replies = [parse_reply("Action: {explore}")] * 3 + [parse_reply("Action: {go to <key>}")] + [parse_reply("?")]
+    d = PlanDistribution.from_replies(replies)
+    assert d.plans == ("explore", "go to <key>") and d.probs == (0.75, 0.25)
+    assert (d.n_plan, d.n_invalid, d.n_error, d.fallback) == (4, 1, 0, False)
+
+
+class RaisingBackend:
+    model_id = "raising"
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        raise ConnectionError("server down")
+
+
+def test_llm_fault_takes_fallback_and_is_counted():
+    backend = RaisingBackend()
+    planner = LLMPlanner("doorkey", backend, n_ask=4)
+    d = planner.plan("Agent sees <key>, holds <nothing>.")
+    assert d.plans == ("explore",) and d.probs == (1.0,) and d.fallback
+    assert d.n_error == 4 and d.n_plan == 0
+    planner.plan("Agent sees <key>, holds <nothing>.")  # memoised: the backend is not asked again
+    assert backend.calls == 1
+    stats = planner.stats()
+    assert stats["error_replies"] == 4 and stats["error_rate"] == 1.0 and stats["fallback_texts"] == 1
+    assert planner.records[0]["replies"][0]["kind"] == "error"
+    # the teacher still acts: explore's actions, never a None plan
+    teacher = TeacherPolicy("doorkey", planner, 7)
+    obs, _ = make_env(SIMPLE).reset(seed=0)
+    probs = teacher.distribution(obs)
+    assert probs.sum() == pytest.approx(1.0) and probs[6] == 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_backend():
+    return LocalBackend(load_model("tiny"), batch_size=4)
+
+
+def test_garbage_replies_are_invalid_and_fall_back(tiny_backend, tmp_path):
+    planner = LLMPlanner("doorkey", CachedBackend(tiny_backend, ReplyCache(tmp_path)), n_ask=4,
+                         sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, seed=0))
+    d = planner.plan("Agent sees <door>, holds <key>.")
+    assert d.n_invalid == 4 and d.fallback and d.plans == ("explore",)
+    assert planner.stats()["invalid_rate"] == 1.0
+    assert all(r["raw"] for r in planner.records[0]["replies"])  # the raw replies are kept as data
+
+
+def test_cache_hit_returns_same_distribution_without_model(tiny_backend, tmp_path):
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, seed=3)
+    first = LLMPlanner("doorkey", CachedBackend(tiny_backend, ReplyCache(tmp_path)), n_ask=3, sampling=sampling,
+                       answer_prefix="Action: {")
+    text = "Agent sees <key>, <door>, holds <nothing>."
+    d1 = first.plan(text)
+
+    def no_model():
+        raise AssertionError("the model must not be loaded on a cache hit")
+
+    lazy = LazyBackend(tiny_backend.model_id, no_model)
+    cached = CachedBackend(lazy, ReplyCache(tmp_path), offline=True)
+    second = LLMPlanner("doorkey", cached, n_ask=3, sampling=sampling, answer_prefix="Action: {")
+    assert second.plan(text) == d1
+    assert cached.stats.hits == 3 and cached.stats.misses == 0 and not lazy.loaded
+    # an offline miss is an error record with the fallback plan, not a crash
+    d = second.plan("Agent sees <nothing>, holds <key>.")
+    assert d.fallback and d.n_error == 3
+
+
+def test_shared_prompt_backend_is_seeded_and_chunked():
+    llm = load_model("tiny")
+    sampling = SamplingConfig(max_new_tokens=5, temperature=1.0, seed=7, stop=("\n",))
+    prompt = [{"role": "user", "content": "Agent sees <key>, holds <nothing>."}]
+    one = SharedPromptBackend(llm, batch_size=10).generate([prompt] * 3, sampling)
+    again = SharedPromptBackend(llm, batch_size=10).generate([prompt] * 3, sampling)
+    chunked = SharedPromptBackend(llm, batch_size=2).generate([prompt] * 3 + ["other"], sampling)
+    assert [g.text for g in one] == [g.text for g in again] and len({g.text for g in one}) > 1
+    assert len(chunked) == 4 and all("\n" not in g.text and g.n_tokens <= 5 for g in chunked)
+    assert chunked[3].prompt == llm.render("other")
+
+
+def test_oracle_plans_and_color_canonicalisation():
+    assert oracle_plan("doorkey", "Agent sees <key>, <door>, holds <nothing>.") == "go to <key>, pick up <key>"
+    assert oracle_plan("doorkey", "Agent sees <door>, holds <key>.") == "go to <door>, open <door>"
+    assert oracle_plan("doorkey", "Agent sees <nothing>, holds <key>.") == "explore"
+    text, back = canonical_colors("Agent sees <red key>, <blue door>, holds <blue key>.")
+    assert text == "Agent sees <color1 key>, <color2 door>, holds <color2 key>." and back == {"color1": "red",
+                                                                                             "color2": "blue"}
+    assert oracle_plan("coloreddoorkey", text) == "go to <color2 door>, open <color2 door>"
+    assert oracle_plan("coloreddoorkey", "Agent sees <color1 key>, <color2 door>, holds <color2 key>.") == \
+        "go to <color2 door>, open <color2 door>"
+    assert oracle_plan("coloreddoorkey", "Agent sees <color1 door>, <color2 key>, holds <color1 key>.") == \
+        "go to <color1 door>, open <color1 door>"
+    assert oracle_plan("simple_spread", "Landmarks from nearest to farthest: <landmark 1> taken, "
+                       "<landmark 2> free, <landmark 3> free.") == "go to <landmark 2>"
+    assert len(observation_texts("doorkey")) == 6 and len(observation_texts("simple_spread")) == 8
+
+
+def test_go_to_offers_every_shortest_first_move():
+    obs = np.zeros((7, 7, 4), dtype=np.uint8)
+    obs[..., 0] = 1  # all empty and seen
+    obs[..., 3] = 4
+    obs[3, 3, 3] = 0  # agent at (3, 3) facing east
+    view = GridView(obs)
+    assert set(go_to(view, (1, 3))[0]) == {LEFT, RIGHT}  # target behind: turn either way
+    assert go_to(view, (5, 3))[0] == (FORWARD,)
+    assert go_to(view, (4, 3)) == (None, True)  # already facing it
+
+
+def test_spread_text_matches_oracle_vocabulary():
+    envs = SpreadBatch(1)
+    obs = envs.reset(seed=0)
+    texts = {describe(o, "simple_spread").text for o in obs[0]}
+    assert texts <= set(observation_texts("simple_spread"))
+    teacher = TeacherPolicy("simple_spread", OraclePlanner("simple_spread"), 5)
+    probs = teacher.distributions(obs[0])
+    assert probs.shape == (3, 5) and np.allclose(probs.sum(1), 1)
+
+
+# ----------------------------------------------------------------------------------------- students, training
+
+
+def test_egocentric_canvas_centres_and_rotates():
+    env = make_env(SIMPLE)
+    obs, _ = env.reset(seed=3)
+    model = GridStudent(10, 10, 7)
+    ego = model.to_egocentric(torch.as_tensor(obs)[None])[0].numpy()
+    c = ego.shape[0] // 2
+    u = env.unwrapped
+    ax, ay = u.agent_pos
+    assert tuple(ego[c, c]) == tuple(obs[ax, ay])
+    fx, fy = u.front_pos
+    assert tuple(ego[c, c + 1]) == tuple(obs[fx, fy])  # +forward axis is where the agent faces
+
+
+def test_student_save_load_roundtrip(tmp_path):
+    model = GridStudent(10, 10, 7)
+    save_student(tmp_path / "s.pt", model, {"note": 1})
+    loaded, ckpt = load_student(tmp_path / "s.pt")
+    obs = torch.as_tensor(make_env(SIMPLE).reset(seed=0)[0])[None]
+    assert torch.equal(model(obs)[0], loaded(obs)[0]) and ckpt["note"] == 1
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        load_student(tmp_path / "missing.pt")
+
+
+def test_ppo_with_oracle_teacher_lowers_distillation_loss():
+    torch.manual_seed(0)
+    cfg = PPOConfig(total_frames=8 * 256, num_envs=4, num_steps=64, epochs=3, minibatch_size=128)
+    envs = make_vector_env(lambda: make_env(SIMPLE), cfg.num_envs)
+    agent = GridStudent(10, 10, 7)
+    before = [p.detach().clone() for p in agent.parameters()]
+    teacher = TeacherPolicy("doorkey", OraclePlanner("doorkey"), 7)
+    hist = train(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillSchedule(), progress=False)
+    assert len(hist) == 8 and hist[0]["distill_coef"] == 10.0 and hist[-1]["distill_coef"] == pytest.approx(9.965)
+    assert np.mean([h["loss/distill_loss"] for h in hist[-2:]]) < 0.8 * hist[0]["loss/distill_loss"]
+    assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
+
+
+def test_pure_ppo_has_no_teacher_term():
+    cfg = PPOConfig(total_frames=2 * 128, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
+    envs = make_vector_env(lambda: make_env(SIMPLE), cfg.num_envs)
+    hist = train(envs, GridStudent(10, 10, 7), cfg, seed=1, progress=False)
+    assert all(h["distill_coef"] == 0.0 and h["loss/distill_loss"] == 0.0 for h in hist)
+
+
+def test_mappo_with_teacher_trains_shared_actor():
+    torch.manual_seed(0)
+    envs = SpreadBatch(2)
+    agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, (32, 32))
+    before = [p.detach().clone() for p in agent.parameters()]
+    cfg = PPOConfig(total_frames=6 * 25 * 2 * 3, num_envs=2, num_steps=25, epochs=4, minibatch_size=50, lr=3e-3)
+    teacher = TeacherPolicy("simple_spread", OraclePlanner("simple_spread"), 5)
+    hist = train_mappo(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillSchedule(),
+                       progress=False)
+    assert len(hist) == 6 and all("train/return" in h for h in hist)
+    assert hist[-1]["loss/distill_loss"] < hist[0]["loss/distill_loss"]
+    assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
