@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run the llmrl DVC pipeline as a Prefect flow.")
     parser.add_argument("--stages", nargs="*", default=None, help="stages to bring up to date (default: all)")
     parser.add_argument("--gpus", type=int, default=None, help="GPU slots (default: the GPUs torch sees)")
+    parser.add_argument("--root", default=str(ROOT), help="the DVC repository (default: this project)")
     args = parser.parse_args(argv)
-    result = reproduce(stages=args.stages, gpus=args.gpus)
+    result = reproduce(stages=args.stages, gpus=args.gpus, root=args.root)
     for name, status in result.items():
         print(f"{name}: {status}")
 
