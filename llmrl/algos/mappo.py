@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.student import MLPStudent
 from llmrl.algos.gae import gae
-from llmrl.algos.ppo import DistillSchedule, PPOConfig, Teacher, ppo_loss, sample_categorical
+from llmrl.algos.ppo import DistillSchedule, PPOConfig, Teacher, ppo_update, sample_categorical
 from llmrl.envs.mpe import SpreadBatch
 
 
@@ -52,7 +52,6 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
     T, E, A = cfg.num_steps, envs.num_envs, envs.n_agents
     S = E * A  # agent streams
     iterations = max(1, cfg.total_frames // (T * S))
-    batch_size = T * S
 
     obs = envs.reset(seed=seed)
     in_dim = mappo_inputs(obs).shape[-1]
@@ -92,23 +91,9 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
                  "advantages": advantages.flatten(), "returns": returns.flatten(), "values": values.flatten()}
         if coef > 0:
             batch["teacher"] = teacher_buf.flatten(0, 1)
-        sums: dict[str, torch.Tensor] = {}
-        n_mb = 0
-        for _ in range(cfg.epochs):
-            perm = torch.randperm(batch_size, generator=gen)
-            for lo in range(0, batch_size, cfg.minibatch_size):
-                idx = perm[lo:lo + cfg.minibatch_size]
-                loss, parts = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, cfg, coef)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
-                optimizer.step()
-                for k, v in parts.items():
-                    sums[k] = sums.get(k, 0.0) + v.detach()
-                n_mb += 1
+        losses = ppo_update(agent, optimizer, batch, cfg, coef, gen)
 
-        stats = {"iteration": it, "frames": frames, "distill_coef": coef,
-                 **{f"loss/{k}": float(v) / n_mb for k, v in sums.items()},
+        stats = {"iteration": it, "frames": frames, "distill_coef": coef, **losses,
                  "episodes": len(finished), "fps": frames / (time.perf_counter() - start)}
         if finished:
             stats["train/return"] = float(np.mean(finished))

@@ -105,6 +105,27 @@ def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig, dist
                   "distill_loss": distill_loss, "approx_kl": approx_kl}
 
 
+def ppo_update(agent: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], cfg: PPOConfig,
+               distill_coef: float, gen: torch.Generator) -> dict[str, float]:
+    """``cfg.epochs`` passes of shuffled minibatch steps over ``batch``; loss terms averaged over all of them."""
+    size = len(batch["actions"])
+    sums: dict[str, torch.Tensor] = {}
+    n_mb = 0
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(size, generator=gen)
+        for lo in range(0, size, cfg.minibatch_size):
+            idx = perm[lo:lo + cfg.minibatch_size]
+            loss, parts = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, cfg, distill_coef)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+            optimizer.step()
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v.detach()
+            n_mb += 1
+    return {f"loss/{k}": float(v) / n_mb for k, v in sums.items()}
+
+
 def sample_categorical(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """One action per row of log-probabilities by inverse CDF (a few vector ops; ``torch.multinomial`` costs
     ~50 µs per call on CPU, a fifth of a rollout step)."""
@@ -190,23 +211,9 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
                  "advantages": advantages.flatten(), "returns": returns.flatten(), "values": values.flatten()}
         if coef > 0:
             batch["teacher"] = teacher_buf.flatten(0, 1)
-        sums: dict[str, torch.Tensor] = {}
-        n_mb = 0
-        for _ in range(cfg.epochs):
-            perm = torch.randperm(cfg.batch_size, generator=gen)
-            for lo in range(0, cfg.batch_size, cfg.minibatch_size):
-                idx = perm[lo:lo + cfg.minibatch_size]
-                loss, parts = ppo_loss(agent, {k: v[idx] for k, v in batch.items()}, cfg, coef)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
-                optimizer.step()
-                for k, v in parts.items():  # averaged over every epoch and minibatch
-                    sums[k] = sums.get(k, 0.0) + v.detach()
-                n_mb += 1
+        losses = ppo_update(agent, optimizer, batch, cfg, coef, gen)
 
-        stats = {"iteration": it, "frames": frames, "distill_coef": coef,
-                 **{f"loss/{k}": float(v) / n_mb for k, v in sums.items()},
+        stats = {"iteration": it, "frames": frames, "distill_coef": coef, **losses,
                  "episodes": len(finished), "fps": frames / (time.perf_counter() - start)}
         if finished:
             stats["train/return"] = float(np.mean([f[0] for f in finished]))
