@@ -52,5 +52,5 @@ def train_bc(agent: LLMActorCritic, samples: list[tuple[str, list[str], int]], *
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     return losses if losses else [float(np.nan)]

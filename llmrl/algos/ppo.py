@@ -157,11 +157,12 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
     n_actions = envs.single_action_space.n
 
     next_obs, _ = envs.reset(seed=seed)
-    obs_buf = torch.zeros((T, N, *envs.single_observation_space.shape),
-                          dtype=torch.as_tensor(next_obs).dtype)
-    actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs, rewards, dones, values = (torch.zeros((T, N)) for _ in range(4))
-    teacher_buf = torch.zeros((T, N, n_actions))
+    # Rollout buffers are NumPy: a per-step row write costs ~0.3 µs there against ~5 µs for a torch index_put,
+    # and the torch views below share their memory, so the update reads them without a copy.
+    obs_buf = np.zeros((T, N, *envs.single_observation_space.shape), dtype=np.asarray(next_obs).dtype)
+    actions = np.zeros((T, N), dtype=np.int64)
+    logprobs, rewards, dones, values = (np.zeros((T, N), dtype=np.float32) for _ in range(4))
+    teacher_buf = np.zeros((T, N, n_actions), dtype=np.float32)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=int)
     history: list[dict] = []
     frames, start = 0, time.perf_counter()
@@ -171,19 +172,18 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
         finished: list[tuple[float, int, bool]] = []
         # ---- rollout
         for t in range(T):
-            obs_t = torch.as_tensor(next_obs)
-            obs_buf[t] = obs_t
+            obs_buf[t] = next_obs
             if coef > 0:
-                teacher_buf[t] = torch.as_tensor(teacher(next_obs))
+                teacher_buf[t] = teacher(next_obs)
             with torch.inference_mode():
-                logits, value = agent(obs_t)
+                logits, value = agent(torch.from_numpy(obs_buf[t]))
                 logp_all = F.log_softmax(logits, dim=-1)
                 action = sample_categorical(logp_all, gen)
-            actions[t], values[t] = action, value
-            logprobs[t] = logp_all.gather(1, action[:, None]).squeeze(1)
-            next_obs, reward, term, trunc, infos = envs.step(action.numpy())
-            reward = reward.astype(np.float32)
+                logprobs[t] = logp_all.gather(1, action[:, None]).squeeze(1).numpy()
+            actions[t], values[t] = action.numpy(), value.numpy()
+            next_obs, reward, term, trunc, infos = envs.step(actions[t])
             done = term | trunc
+            rewards[t] = reward
             ep_return += reward
             ep_length += 1
             if done.any():
@@ -191,26 +191,27 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
                 cut = trunc & ~term
                 if cut.any():  # time limit: bootstrap from the final observation's value
                     final = torch.as_tensor(np.stack([infos["final_obs"][i] for i in np.flatnonzero(cut)]))
-                    with torch.no_grad():
-                        reward[cut] += cfg.gamma * agent(final)[1].numpy()
+                    with torch.inference_mode():
+                        rewards[t, cut] += cfg.gamma * agent(final)[1].numpy()
                 for i in np.flatnonzero(done):
                     finished.append((float(ep_return[i]), int(ep_length[i]), bool(success[i])))
                 ep_return[done], ep_length[done] = 0.0, 0
-            rewards[t] = torch.as_tensor(reward)
-            dones[t] = torch.as_tensor(done, dtype=torch.float32)
+            dones[t] = done
         frames += T * N
 
         # ---- advantages
-        with torch.no_grad():
-            last_value = agent(torch.as_tensor(next_obs))[1]
+        with torch.inference_mode():
+            last_value = agent(torch.as_tensor(next_obs))[1].numpy()
         lam = 1.0 if cfg.advantage == "mc" else cfg.gae_lambda
         advantages, returns = gae(rewards, values, dones, last_value, cfg.gamma, lam)
 
         # ---- update
-        batch = {"obs": obs_buf.flatten(0, 1), "actions": actions.flatten(), "logprobs": logprobs.flatten(),
-                 "advantages": advantages.flatten(), "returns": returns.flatten(), "values": values.flatten()}
+        batch = {"obs": torch.from_numpy(obs_buf), "actions": torch.from_numpy(actions),
+                 "logprobs": torch.from_numpy(logprobs), "advantages": advantages, "returns": returns,
+                 "values": torch.from_numpy(values)}
         if coef > 0:
-            batch["teacher"] = teacher_buf.flatten(0, 1)
+            batch["teacher"] = torch.from_numpy(teacher_buf)
+        batch = {k: v.flatten(0, 1) for k, v in batch.items()}
         losses = ppo_update(agent, optimizer, batch, cfg, coef, gen)
 
         stats = {"iteration": it, "frames": frames, "distill_coef": coef, **losses,
