@@ -20,6 +20,7 @@ from llmrl.algos.mappo import evaluate_spread, mappo_inputs
 from llmrl.config.teach import TeachParams
 from llmrl.envs import make_env
 from llmrl.eval import EvalResult, evaluate, mean_interval, wilson_interval
+from llmrl.eval.batched import evaluate_batched
 from llmrl.io import write_json
 
 
@@ -47,7 +48,8 @@ def eval_grid(p: TeachParams, key: str, seeds: range, rows: list[dict]) -> dict:
             results = []
             for seed in p.train.seeds:
                 model, _ = load_student(MODELS / f"{key}-{teacher}-{seed}" / "student.pt")
-                r = evaluate(StudentPolicy(model, f"{label}-{seed}"), env, seeds, mode=mode)
+                r = evaluate_batched(StudentPolicy(model, f"{label}-{seed}"), lambda: make_env(env_id(key)), seeds,
+                                     mode=mode, n_envs=len(seeds))
                 write_json(METRICS / "eval" / f"{key}_{label}_{seed}_{mode}.json", r.table())
                 results.append(r)
             entry[mode] = pooled(results)

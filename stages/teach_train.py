@@ -20,7 +20,7 @@ from llmrl.agents.student import GridStudent, StudentPolicy, save_student
 from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, train
 from llmrl.config.teach import TeachParams
 from llmrl.envs import make_env
-from llmrl.eval import evaluate
+from llmrl.eval.batched import evaluate_batched
 from llmrl.io import write_json
 from llmrl.seeding import seed_everything
 
@@ -48,14 +48,14 @@ def main(key: str, teacher_kind: str, seed: int) -> None:
     agent = GridStudent(width, height, n_actions, tuple(t.student.channels), t.student.hidden, t.student.embed_dim)
     teacher = make_teacher(key, teacher_kind, p.teacher, n_actions) if teacher_kind != "none" else None
 
-    curve_env = make_env(eid)
     curve_seeds = range(t.curve_seed, t.curve_seed + t.curve_episodes)
     every = max(1, cfg.iterations // t.curve_points)
     curve: list[dict] = []
 
     def measure(frames: int) -> None:
         agent.eval()
-        s = evaluate(StudentPolicy(agent), curve_env, curve_seeds, mode="greedy", progress=False).summary()
+        s = evaluate_batched(StudentPolicy(agent), lambda: make_env(eid), curve_seeds, mode="greedy",
+                             n_envs=len(curve_seeds), progress=False).summary()
         agent.train()
         curve.append({"frames": frames, "success_rate": s["success_rate"], "mean_return": s["mean_return"]})
         live.log_metric("curve/success", s["success_rate"], plot=False)

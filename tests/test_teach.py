@@ -241,6 +241,40 @@ def test_student_save_load_roundtrip(tmp_path):
         load_student(tmp_path / "missing.pt")
 
 
+def test_student_policy_episodes_do_not_depend_on_lockstep_width():
+    """Batched evaluation: each episode's sampler is seeded by its level, so 1 or 7 slots give the same actions."""
+    from llmrl.agents.student import StudentPolicy
+    from llmrl.eval.batched import evaluate_batched
+
+    class Recording(StudentPolicy):
+        def __init__(self, model):
+            super().__init__(model)
+            self.level, self.actions = {}, {}
+
+        def reset(self, slot, env, seed):
+            super().reset(slot, env, seed)
+            self.level[slot], self.actions[seed] = seed, []
+
+        def act_batch(self, slots, observations, *, greedy):
+            out = super().act_batch(slots, observations, greedy=greedy)
+            for slot, a in zip(slots, out):
+                self.actions[self.level[slot]].append(a)
+            return out
+
+    torch.manual_seed(0)
+    model = GridStudent(10, 10, 7)
+    eid = ENV_IDS["simpledoorkey"]
+    for mode in ("greedy", "sampled"):
+        runs = []
+        for n_envs in (1, 7):
+            policy = Recording(model)
+            evaluate_batched(policy, lambda: make_env(eid), range(10), mode=mode, n_envs=n_envs, max_steps=30,
+                             progress=False)
+            runs.append(policy.actions)
+        assert runs[0] == runs[1]
+    assert len({tuple(a) for a in runs[0].values()}) > 1  # sampled: levels get different action sequences
+
+
 def test_ppo_with_oracle_teacher_lowers_distillation_loss():
     torch.manual_seed(0)
     cfg = PPOConfig(total_frames=8 * 256, num_envs=4, num_steps=64, epochs=3, minibatch_size=128)

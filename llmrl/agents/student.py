@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from torch import nn
@@ -145,19 +146,21 @@ def load_student(path: str | os.PathLike) -> tuple[nn.Module, dict]:
 
 
 class StudentPolicy:
-    """A trained student as an evaluation-harness ``Policy``: argmax when greedy, else a seeded sample."""
+    """A trained student for ``llmrl.eval.evaluate_batched``: one forward for all running episodes; argmax when
+    greedy, else a sample from a generator seeded per episode (so an episode does not depend on its slot)."""
 
     def __init__(self, model: nn.Module, name: str = "student"):
         self.model = model.eval()
         self.name = name
-        self.gen = torch.Generator().manual_seed(0)
+        self.gens: dict[int, torch.Generator] = {}
 
-    def reset(self, env, seed: int) -> None:
-        self.gen.manual_seed(seed)
+    def reset(self, slot: int, env, seed: int) -> None:
+        self.gens.setdefault(slot, torch.Generator()).manual_seed(seed)
 
-    def act(self, obs, *, greedy: bool) -> int:
-        with torch.no_grad():
-            logits, _ = self.model(torch.as_tensor(obs)[None])
+    def act_batch(self, slots: list[int], observations: list, *, greedy: bool) -> list[int]:
+        with torch.inference_mode():
+            logits, _ = self.model(torch.as_tensor(np.stack(observations)))
         if greedy:
-            return int(logits.argmax(-1))
-        return int(torch.multinomial(logits.softmax(-1), 1, generator=self.gen))
+            return logits.argmax(-1).tolist()
+        probs = logits.softmax(-1)
+        return [int(torch.multinomial(probs[i], 1, generator=self.gens[s])) for i, s in enumerate(slots)]
