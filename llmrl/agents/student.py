@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from torch import nn
 
@@ -99,6 +100,8 @@ class MLPStudent(nn.Module):
         self.obs_dim, self.critic_dim = obs_dim, critic_dim
         self.actor = self._mlp(obs_dim, hidden, n_actions)
         self.critic = self._mlp(critic_dim or obs_dim, hidden, 1)
+        # Plain lists (not registered twice): forward calls F.linear on them directly.
+        self._linears = tuple([m for m in seq if isinstance(m, nn.Linear)] for seq in (self.actor, self.critic))
 
     @staticmethod
     def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int) -> nn.Sequential:
@@ -113,9 +116,16 @@ class MLPStudent(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = obs.flatten(1).float()
-        if self.critic_dim is None:
-            return self.actor(x), self.critic(x).squeeze(-1)
-        return self.actor(x[:, :self.obs_dim]), self.critic(x[:, self.obs_dim:]).squeeze(-1)
+        xa, xc = (x, x) if self.critic_dim is None else (x[:, :self.obs_dim], x[:, self.obs_dim:])
+        return _tanh_mlp(self._linears[0], xa), _tanh_mlp(self._linears[1], xc).squeeze(-1)
+
+
+def _tanh_mlp(linears: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
+    """``nn.Sequential(Linear, Tanh, ..., Linear)`` with the same maths, minus the per-module call overhead
+    (about a third of this small network's CPU forward time)."""
+    for layer in linears[:-1]:
+        x = torch.tanh(F.linear(x, layer.weight, layer.bias))
+    return F.linear(x, linears[-1].weight, linears[-1].bias)
 
 
 def build_student(config: dict) -> nn.Module:

@@ -14,13 +14,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.agents.student import MLPStudent
-from llmrl.algos.gae import gae
-from llmrl.algos.ppo import DistillSchedule, PPOConfig, Teacher, ppo_update, sample_categorical
+from llmrl.algos.ppo import DistillSchedule, PPOConfig, Teacher, act_into, rollout_buffers, update_from_rollout
 from llmrl.envs.mpe import SpreadBatch
 
 
@@ -55,10 +53,7 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
 
     obs = envs.reset(seed=seed)
     in_dim = mappo_inputs(obs).shape[-1]
-    inputs = torch.zeros((T, S, in_dim))
-    actions = torch.zeros((T, S), dtype=torch.long)
-    logprobs, rewards, dones, values = (torch.zeros((T, S)) for _ in range(4))
-    teacher_buf = torch.zeros((T, S, envs.n_actions))
+    buf = rollout_buffers(T, S, (in_dim,), np.float32, envs.n_actions)
     history: list[dict] = []
     frames, start = 0, time.perf_counter()
 
@@ -66,32 +61,18 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
         coef = distill.coef(it) if teacher is not None else 0.0
         finished: list[float] = []
         for t in range(T):
-            x = torch.as_tensor(mappo_inputs(obs)).reshape(S, in_dim)
-            inputs[t] = x
+            buf["obs"][t] = mappo_inputs(obs).reshape(S, in_dim)
             if coef > 0:
-                teacher_buf[t] = torch.as_tensor(teacher(obs.reshape(S, -1)))
-            with torch.inference_mode():
-                logits, value = agent(x)
-                logp_all = F.log_softmax(logits, dim=-1)
-                action = sample_categorical(logp_all, gen)
-            actions[t], values[t] = action, value
-            logprobs[t] = logp_all.gather(1, action[:, None]).squeeze(1)
-            obs, reward, done, ended = envs.step(action.numpy().reshape(E, A))
+                buf["teacher"][t] = teacher(obs.reshape(S, -1))
+            obs, reward, done, ended = envs.step(act_into(agent, buf, t, gen).reshape(E, A))
             finished += ended
-            rewards[t] = torch.as_tensor(reward.reshape(S))
-            dones[t] = torch.as_tensor(np.repeat(done, A), dtype=torch.float32)
+            buf["rewards"][t] = reward.reshape(S)
+            buf["dones"][t] = np.repeat(done, A)
         frames += T * S
 
-        with torch.no_grad():
-            last_value = agent(torch.as_tensor(mappo_inputs(obs)).reshape(S, in_dim))[1]
-        lam = 1.0 if cfg.advantage == "mc" else cfg.gae_lambda
-        advantages, returns = gae(rewards, values, dones, last_value, cfg.gamma, lam)
-
-        batch = {"obs": inputs.flatten(0, 1), "actions": actions.flatten(), "logprobs": logprobs.flatten(),
-                 "advantages": advantages.flatten(), "returns": returns.flatten(), "values": values.flatten()}
-        if coef > 0:
-            batch["teacher"] = teacher_buf.flatten(0, 1)
-        losses = ppo_update(agent, optimizer, batch, cfg, coef, gen)
+        with torch.inference_mode():
+            last_value = agent(torch.as_tensor(mappo_inputs(obs)).reshape(S, in_dim))[1].numpy()
+        losses = update_from_rollout(agent, optimizer, buf, last_value, cfg, coef, gen)
 
         stats = {"iteration": it, "frames": frames, "distill_coef": coef, **losses,
                  "episodes": len(finished), "fps": frames / (time.perf_counter() - start)}

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, OBJECT_TO_IDX
+from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT
 from minigrid.envs.babyai.core.roomgrid_level import RejectSampling, RoomGridLevel
 from minigrid.envs.babyai.core.verifier import (
     AfterInstr,
