@@ -109,7 +109,7 @@ def main() -> None:
             llm, history, rollouts = train_grpo(p, llm, problems, shots, live, tmp / "trl")
             shutil.rmtree(tmp / "trl", ignore_errors=True)
         seconds = time.perf_counter() - t0
-        write_policy(llm, tmp)
+        write_policy(llm, tmp, base_model=c.model)
         write_text(tmp / "rollouts.jsonl", "".join(json.dumps(r) + "\n" for r in rollouts))
         write_text(tmp / "prompt_example.txt", llm.render(build_messages(problems[0]["problem"], shots)))
     rewards = [h["average_reward"] for h in history if "average_reward" in h]

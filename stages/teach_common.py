@@ -9,7 +9,9 @@ from __future__ import annotations
 from common import ROOT  # isort: skip
 
 import torch
+from torch import nn
 
+from llmrl.agents.student import save_student
 from llmrl.agents.teacher import (
     ENV_KIND,
     LazyBackend,
@@ -22,6 +24,7 @@ from llmrl.agents.teacher import (
 from llmrl.config.teach import TeachTeacherParams
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import ENV_ID as MPE_ID
+from llmrl.io import write_json
 from llmrl.llm.backends import CachedBackend, ReplyCache
 from llmrl.llm.generate import SamplingConfig
 
@@ -76,3 +79,11 @@ def make_planner(key: str, teacher: str, p: TeachTeacherParams, *, offline: bool
 def make_teacher(key: str, teacher: str, p: TeachTeacherParams, n_actions: int) -> TeacherPolicy:
     """The teacher of a run, replaying cached LLM replies offline."""
     return TeacherPolicy(task_kind(key), make_planner(key, teacher, p, offline=True), n_actions)
+
+
+def save_run(run: str, agent: nn.Module, metrics: dict, **extra) -> None:
+    """models/teach/<run>/student.pt (with the run's metrics minus wall-clock fields, so the same training
+    gives the same bytes on any machine) and metrics/teach/train/<run>.json."""
+    timeless = {k: v for k, v in metrics.items() if k not in ("seconds", "fps")}
+    save_student(MODELS / run / "student.pt", agent, {"run": timeless, **extra})
+    write_json(METRICS / "train" / f"{run}.json", metrics)

@@ -8,7 +8,7 @@ curves under plots/teach/train/<run>/.
 """
 
 from common import log, stage_params  # isort: skip
-from teach_common import METRICS, MODELS, PLOTS, env_id, make_teacher  # isort: skip
+from teach_common import PLOTS, env_id, make_teacher, save_run  # isort: skip
 
 import sys
 import time
@@ -16,12 +16,11 @@ import time
 import numpy as np
 from dvclive import Live
 
-from llmrl.agents.student import GridStudent, StudentPolicy, save_student
+from llmrl.agents.student import GridStudent, StudentPolicy
 from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, train
 from llmrl.config.teach import TeachParams
 from llmrl.envs import make_env
 from llmrl.eval.batched import evaluate_batched
-from llmrl.io import write_json
 from llmrl.seeding import seed_everything
 
 
@@ -89,9 +88,7 @@ def main(key: str, teacher_kind: str, seed: int) -> None:
         metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
         if hasattr(teacher.planner, "stats"):
             metrics["llm"] = teacher.planner.stats()
-    save_student(MODELS / run / "student.pt", agent,
-                 {"run": metrics | {"curve": curve}, "ppo": t.ppo.model_dump(), "distill": t.distill.model_dump()})
-    write_json(METRICS / "train" / f"{run}.json", metrics)
+    save_run(run, agent, metrics, ppo=t.ppo.model_dump(), distill=t.distill.model_dump())
     log.info("%s: %d frames in %.0f s, final greedy success %.2f, AULC %.3f", run, metrics["frames"], seconds,
              metrics["curve_success_final"], metrics["aulc"])
 

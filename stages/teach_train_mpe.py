@@ -7,19 +7,17 @@ curves under plots/teach/train/mpe-<teacher>-<seed>/.
 """
 
 from common import log, stage_params  # isort: skip
-from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, make_teacher  # isort: skip
+from teach_common import MPE_KEY, PLOTS, make_teacher, save_run  # isort: skip
 
 import sys
 import time
 
 from dvclive import Live
 
-from llmrl.agents.student import save_student
 from llmrl.algos.mappo import make_mappo_agent, train_mappo
 from llmrl.algos.ppo import DistillSchedule, PPOConfig
 from llmrl.config.teach import TeachParams
 from llmrl.envs.mpe import SpreadBatch
-from llmrl.io import write_json
 from llmrl.seeding import seed_everything
 
 
@@ -56,9 +54,7 @@ def main(teacher_kind: str, seed: int) -> None:
         metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
         if hasattr(teacher.planner, "stats"):
             metrics["llm"] = teacher.planner.stats()
-    save_student(MODELS / run / "student.pt", agent, {"run": metrics, "ppo": m.ppo.model_dump(),
-                                                      "n_agents": m.n_agents})
-    write_json(METRICS / "train" / f"{run}.json", metrics)
+    save_run(run, agent, metrics, ppo=m.ppo.model_dump(), n_agents=m.n_agents)
     log.info("%s: %d frames in %.0f s, train return %s → %s", run, metrics["frames"], seconds,
              metrics["train_return_first"], metrics["train_return_last"])
 

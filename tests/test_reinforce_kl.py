@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pytest
 import torch
@@ -202,3 +203,27 @@ def test_solve_records_every_response():
     assert [r["id"] for r in recs] == ["p1", "p2", "p3"]
     assert all(set(r) >= {"prompt", "response", "parsed_answer", "correct", "finish_reason"} for r in recs)
     assert recs[0]["prompt"].startswith("<|system|>")
+
+
+def test_saved_adapter_is_machine_independent_and_reloads(tmp_path):
+    """The adapter folder names the base model as given (not this clone's absolute path), lists its modules in a
+    fixed order, and ``load_policy`` merges it back into the same function."""
+    from llmrl.agents.math_solver import load_policy, write_policy
+
+    llm = load_model("tiny", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    with torch.no_grad():
+        for name, param in llm.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)  # a non-zero adapter, as after training
+    write_policy(llm, tmp_path / "a", base_model="models/base_llm")
+    write_policy(llm, tmp_path / "b", base_model="models/base_llm")
+    config = (tmp_path / "a" / "adapter_config.json").read_text()
+    assert config == (tmp_path / "b" / "adapter_config.json").read_text()
+    assert '"base_model_name_or_path": "models/base_llm"' in config and str(tmp_path) not in config
+    modules = json.loads(config)["target_modules"]
+    assert modules == sorted(modules)
+    ids = llm.tokenizer("the cat sat", return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = llm.model(ids).logits
+        merged = load_policy("tiny", tmp_path / "a").model(ids).logits
+    assert torch.allclose(merged, expected, atol=1e-5)

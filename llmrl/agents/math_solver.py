@@ -61,9 +61,22 @@ def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: S
     return out
 
 
-def write_policy(llm: LLM, folder: str | os.PathLike) -> None:
+def write_policy(llm: LLM, folder: str | os.PathLike, base_model: str | None = None) -> None:
     """Write the policy into ``folder`` (the caller makes it atomic): a LoRA adapter for a PeftModel, else the
-    whole model, and the tokenizer."""
+    whole model, and the tokenizer.
+
+    For an adapter, ``base_model`` replaces the base path peft would record (the absolute path of this clone)
+    in its config and model card, and the target modules are written sorted (peft keeps a set), so the same
+    training gives the same bytes on every machine.
+    """
+    adapters = getattr(llm.model, "peft_config", {})
+    for cfg in adapters.values():
+        if base_model is not None:
+            cfg.base_model_name_or_path = base_model
+        if isinstance(cfg.target_modules, set):
+            cfg.target_modules = sorted(cfg.target_modules)
+    if adapters and base_model is not None:
+        llm.model.config._name_or_path = base_model  # peft's model card takes the base model's name from here
     llm.model.save_pretrained(folder, safe_serialization=True)
     llm.tokenizer.save_pretrained(folder)
 
