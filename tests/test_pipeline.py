@@ -69,6 +69,10 @@ def test_dvc_round_trip(clone, tmp_path):
     assert "Running stage 'demos'" in out and "Running stage 'eval_baselines'" not in out
     summary = yaml.safe_load((clone / "data/demos/summary.json").read_text())
     assert summary["BabyAI-GoToLocal-v0"]["episodes"] == 4
+    # An experiment in a scratch copy (what `dvc queue` workers do) finds the same caches.
+    out = _dvc("exp", "run", "--temp", "-S", "demos.episodes=5", "demos", cwd=clone)
+    assert "Running stage 'demos'" in out
+    assert yaml.safe_load((clone / "params.yaml").read_text())["demos"]["episodes"] == 4  # workspace untouched
 
     _dvc("push", *targets, cwd=clone)
     _git("add", "-A", cwd=clone)
