@@ -146,9 +146,9 @@ class SimpleDoorKeyEnv(MemoryGridEnv):
     """One locked door in a random wall, its key anywhere in the room."""
 
     def _gen_grid(self, width, height):
-        sx, sy = self._room_size()
+        sx, sy = self._room = self._room_size()
         self._walled_room(sx, sy)
-        door_pos, _ = self._wall_door_pos(sx, sy, self._rand_int(0, 4))
+        door_pos, self._door_front = self._wall_door_pos(sx, sy, self._rand_int(0, 4))
         color = self._rand_elem(sorted(COLOR_NAMES))
         self.doors = [Door(color, is_locked=True)]
         self.grid.set(*door_pos, self.doors[0])
@@ -157,20 +157,12 @@ class SimpleDoorKeyEnv(MemoryGridEnv):
         self.mission = "open the door"
 
 
-class LavaDoorKeyEnv(MemoryGridEnv):
+class LavaDoorKeyEnv(SimpleDoorKeyEnv):
     """SimpleDoorKey plus one lava cell, never on the cell in front of the door."""
 
     def _gen_grid(self, width, height):
-        sx, sy = self._room_size()
-        self._walled_room(sx, sy)
-        door_pos, front = self._wall_door_pos(sx, sy, self._rand_int(0, 4))
-        color = self._rand_elem(sorted(COLOR_NAMES))
-        self.doors = [Door(color, is_locked=True)]
-        self.grid.set(*door_pos, self.doors[0])
-        self.place_agent((0, 0), (sx, sy), rand_dir=True)
-        self.place_obj(Key(color), (0, 0), (sx, sy))
-        self.place_obj(Lava(), (0, 0), (sx, sy), reject_fn=lambda env, pos: tuple(pos) == front)
-        self.mission = "open the door"
+        super()._gen_grid(width, height)
+        self.place_obj(Lava(), (0, 0), self._room, reject_fn=lambda env, pos: tuple(pos) == self._door_front)
 
 
 class ColoredDoorKeyEnv(MemoryGridEnv):
