@@ -100,3 +100,27 @@ def test_d3rlpy_and_pandas(tmp_path):
     assert len(df) == 11 and {"episode", "step", "reward", "action", "obs_text", "mission"} <= set(df.columns)
     with pytest.raises(TrajectoryFormatError, match="'text'"):
         to_d3rlpy(eps, ["text"])
+
+
+def test_damaged_data_block_names_file_and_field(tmp_path):
+    """Bytes of one dataset overwritten on disk: reading raises TrajectoryFormatError, not a bare OSError."""
+    import h5py
+
+    path = tmp_path / "damaged.h5"
+    ep = Episode(observations={"image": np.arange(4000, dtype=np.float32).reshape(1000, 4)},
+                 rewards=np.zeros(1000), terminated=np.zeros(1000, bool), truncated=np.zeros(1000, bool))
+    with TrajectoryWriter(path) as w:
+        w.append(ep)
+    with h5py.File(path, "r+") as f:
+        # Re-create the rewards dataset chunked + compressed, then corrupt its stored chunk.
+        g = f["episodes/000000"]
+        del g["rewards"]
+        g.create_dataset("rewards", data=np.ones(1000, np.float32), chunks=(1000,), compression="gzip")
+    with h5py.File(path, "r") as f:
+        offset = f["episodes/000000/rewards"].id.get_chunk_info(0).byte_offset
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(b"\xff" * 16)
+    with TrajectoryReader(path) as r, pytest.raises(TrajectoryFormatError, match=r"damaged.h5: episodes/000000: "
+                                                                             r"field 'rewards' is unreadable"):
+        r[0]

@@ -193,23 +193,29 @@ class TrajectoryReader:
         for required in ("env_id", "seed", "policy", "mission", "info"):
             if required not in g.attrs:
                 raise TrajectoryFormatError(f"{where}: missing attribute {required!r}")
+        def read(field: str, ds, *, text: bool = False):
+            # A damaged data block surfaces in h5py as a bare OSError ("Can't read data"): name file and field.
+            try:
+                return ds.asstr()[()] if text else ds[()]
+            except (OSError, KeyError, ValueError) as err:
+                raise TrajectoryFormatError(f"{where}: field {field!r} is unreadable ({err})") from err
+
+        obs = {}
+        for key in g["observations"]:
+            ds = g["observations"][key]
+            obs[key] = (np.asarray(read(f"observations/{key}", ds, text=True), dtype=object)
+                        if ds.dtype.kind == "O" else read(f"observations/{key}", ds))
+        fields = {name: read(name, g[name]) for name in ("rewards", "terminated", "truncated")}
+        actions = read("actions", g["actions"]) if "actions" in g else None
+        action_text = list(read("action_text", g["action_text"], text=True)) if "action_text" in g else None
         try:
-            obs = {}
-            for key, ds in g["observations"].items():
-                obs[key] = np.asarray(ds.asstr()[()], dtype=object) if ds.dtype.kind == "O" else ds[()]
-            return Episode(
-                observations=obs,
-                rewards=g["rewards"][()],
-                terminated=g["terminated"][()],
-                truncated=g["truncated"][()],
-                actions=g["actions"][()] if "actions" in g else None,
-                action_text=list(g["action_text"].asstr()[()]) if "action_text" in g else None,
-                mission=str(g.attrs["mission"]),
-                env_id=str(g.attrs["env_id"]),
-                seed=int(g.attrs["seed"]),
-                policy=str(g.attrs["policy"]),
-                info=json.loads(g.attrs["info"]),
-            )
+            info = json.loads(g.attrs["info"])
+        except (json.JSONDecodeError, TypeError) as err:
+            raise TrajectoryFormatError(f"{where}: attribute 'info' is not JSON ({err})") from err
+        try:
+            return Episode(observations=obs, **fields, actions=actions, action_text=action_text,
+                           mission=str(g.attrs["mission"]), env_id=str(g.attrs["env_id"]),
+                           seed=int(g.attrs["seed"]), policy=str(g.attrs["policy"]), info=info)
         except ValueError as err:
             raise TrajectoryFormatError(f"{where}: inconsistent fields ({err})") from err
 
