@@ -1,9 +1,9 @@
-"""Stage glam_bc: behavioural cloning of the LLM policy on BabyAI-bot demonstrations of the training level.
+"""Stage glam_bc: behavioural cloning of the LLM policy on the BabyAI bot's demonstrations of the training level.
 
-The demonstrations are recorded here, on glam.train.env_id with the BabyAI-Text wrapper, rather than replayed
-from data/demos: those cover other levels (GoToLocal, PickupLoc) and hold image observations only, while
-recording on the training level gives the exact text observations and missions the policy is trained and
-evaluated on, with seeds (glam.bc.seed...) disjoint from the evaluation seeds.
+The demonstrations come from the ``demos`` stage (data/demos/<glam.train.env_id>.h5, which therefore lists the
+training level in ``demos.envs``): the first ``glam.bc.episodes`` episodes, recorded with the BabyAI-Text
+wrapper, so their text observations and missions are the ones the policy is trained and evaluated on. The
+demos' seeds (``demos.seed``...) are disjoint from GLAM's evaluation seeds.
 """
 
 from common import ROOT, log, stage_params  # isort: skip
@@ -12,28 +12,28 @@ import time
 
 import torch
 
-from llmrl.agents import BabyAIBotPolicy
 from llmrl.agents.llm_policy import build_agent, save_agent
 from llmrl.algos.bc_llm import bc_samples, train_bc
+from llmrl.config import DemosParams
 from llmrl.config.glam import GlamParams
-from llmrl.data import TrajectoryWriter, read_episodes
+from llmrl.data import TrajectoryReader
 from llmrl.envs import make_env
-from llmrl.envs.babyai_text import ACTIONS_EN
-from llmrl.eval import evaluate
 from llmrl.io import write_json
-
-DEMOS = ROOT / "data" / "glam" / "bc_demos.h5"
 
 
 def main() -> None:
     p = stage_params("glam", GlamParams)
+    demos = stage_params("demos", DemosParams)
+    if p.train.env_id not in demos.envs:
+        raise SystemExit(f"glam_bc: demos.envs must include glam.train.env_id {p.train.env_id!r} (BC trains on the "
+                         f"demos stage's data); it lists {demos.envs}")
     torch.set_num_threads(p.threads)
     start = time.perf_counter()
+    with TrajectoryReader(ROOT / "data" / "demos" / f"{p.train.env_id}.h5") as reader:
+        if len(reader) < p.bc.episodes:
+            raise SystemExit(f"glam.bc.episodes: {p.bc.episodes} asked, data/demos has {len(reader)} episodes")
+        episodes = [reader[i] for i in range(p.bc.episodes)]
     env = make_env(p.train.env_id)
-    with TrajectoryWriter(DEMOS) as writer:
-        demo = evaluate(BabyAIBotPolicy(), env, range(p.bc.seed, p.bc.seed + p.bc.episodes), mode="greedy",
-                        on_episode=writer.append, action_text=lambda a: ACTIONS_EN[int(a)])
-    episodes = read_episodes(DEMOS)
     build = {"model": p.model, "variant": "lora", "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
              "lora_dropout": p.lora.dropout, "temperature": p.policy.temperature,
              "length_norm": p.policy.length_norm, "seed": p.bc.seed}
@@ -43,13 +43,12 @@ def main() -> None:
     losses = train_bc(agent, samples, epochs=p.bc.epochs, batch_size=p.bc.batch_size, lr=p.bc.lr, seed=p.bc.seed)
     save_agent(agent, ROOT / "models" / "glam" / "bc", {"build": build, "history": p.policy.history,
                                                          "env_id": p.train.env_id})
+    bot_success = sum(ep.success for ep in episodes) / len(episodes)
     log.info("bc: %d samples from %d bot episodes (bot success %.2f), loss %.3f -> %.3f", len(samples),
-             len(episodes), demo.summary()["success_rate"], losses[0], losses[-1])
+             len(episodes), bot_success, losses[0], losses[-1])
     write_json(ROOT / "metrics" / "glam" / "bc.json",
-               {"samples": len(samples), "episodes": len(episodes), "bot_success": demo.summary()["success_rate"],
-                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                "wall_s": time.perf_counter() - start})
-
+               {"samples": len(samples), "episodes": len(episodes), "loss_first": round(losses[0], 4),
+                "loss": round(losses[-1], 4), "seconds": round(time.perf_counter() - start, 1)})
 
 if __name__ == "__main__":
     main()

@@ -2,9 +2,11 @@
 
 Agents: random (sampled only: it has no greedy mode), the BabyAI bot (greedy only: deterministic), the
 zero-shot LLM, BC, Symbolic-PPO and every glam_train item. LLM agents run ``glam.eval.batch`` episodes in
-lockstep (``evaluate_batched``: same seeds and protocol as the harness, many prompts per forward). Writes
-metrics/glam/eval.json (success rates with Wilson 95% CIs), per-episode tables and the first rendered prompts
-of each LLM agent, and a dvclive bar plot.
+lockstep (``evaluate_batched``: same seeds and protocol as the harness, many prompts per forward). Episodes run
+to the level's own step limit unless ``glam.eval.max_steps`` caps them. Writes one headline file per level and
+agent, metrics/glam/eval/<level>/<agent>.json (success and return with intervals, greedy and sampled apart;
+the training seeds of a glam_train variant are pooled as seeds), per-episode tables, the first rendered prompts
+of each LLM agent and timings under metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
 """
 
 from common import ROOT, log, stage_params  # isort: skip
@@ -21,77 +23,80 @@ from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
 from llmrl.eval import evaluate
 from llmrl.eval.batched import evaluate_batched
-from llmrl.io import write_json
+from llmrl.eval.headline import headline_of_results, metrics_entry
+from llmrl.io import atomic_path, write_json
 
 OUT = ROOT / "metrics" / "glam"
 
 
 def agents(p: GlamParams):
-    """(name, policy, modes) of every agent to evaluate, built lazily (one LLM in memory at a time)."""
-    yield "random", lambda: RandomPolicy(n_actions=6), ["sampled"]
-    yield "bot", BabyAIBotPolicy, ["greedy"]
+    """(name, [policy factory per training seed], modes) of every agent, built lazily (one LLM at a time)."""
+    yield "random", [lambda: RandomPolicy(n_actions=6)], ["sampled"]
+    yield "bot", [BabyAIBotPolicy], ["greedy"]
 
-    def symbolic():
+    def symbolic(seed: int):
         model = SymbolicActorCritic()
-        model.load_state_dict(torch.load(ROOT / "models" / "glam" / "symbolic" / "model.pt", weights_only=True))
-        return SymbolicPolicy(model)
+        model.load_state_dict(torch.load(ROOT / "models" / "glam" / "symbolic" / str(seed) / "model.pt",
+                                         weights_only=True))
+        return SymbolicPolicy(model, name=f"symbolic_ppo-{seed}")
 
-    yield "symbolic_ppo", symbolic, p.eval.modes
+    yield "symbolic_ppo", [lambda seed=seed: symbolic(seed) for seed in p.symbolic.seeds], p.eval.modes
 
     def zero_shot():
         agent = build_agent(p.model, "lora", temperature=p.policy.temperature, length_norm=p.policy.length_norm,
                             frozen=True)
         return LLMBatchPolicy(agent, "zero_shot", history=p.policy.history, record_steps=20)
 
-    yield "zero_shot", zero_shot, p.eval.modes
-    items = ["bc"] + [f"{v}-{s}" for v in p.train.variants for s in p.train.seeds]
-    for item in items:
-        name = item if item == "bc" else f"glam_{item}"
+    yield "zero_shot", [zero_shot], p.eval.modes
 
-        def trained(item=item, name=name):
-            agent, meta = load_agent(ROOT / "models" / "glam" / item)
-            return LLMBatchPolicy(agent, name, history=meta["history"], record_steps=20)
+    def trained(item: str, name: str):
+        agent, meta = load_agent(ROOT / "models" / "glam" / item)
+        return LLMBatchPolicy(agent, name, history=meta["history"], record_steps=20)
 
-        yield name, trained, p.eval.modes
+    yield "bc", [lambda: trained("bc", "bc")], p.eval.modes
+    for v in p.train.variants:
+        yield f"glam_{v}", [lambda item=f"{v}-{s}": trained(item, f"glam_{item}") for s in p.train.seeds], p.eval.modes
 
 
 def main() -> None:
     p = stage_params("glam", GlamParams)
     torch.set_num_threads(p.threads)
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
-    metrics: dict = {"protocol": {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}",
-                                  "max_steps": p.eval.max_steps, "confidence": 0.95}}
+    protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing = [], {}
-    with Live(dir=str(ROOT / "plots" / "glam_eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
-        for name, factory, modes in agents(p):
+    with Live(dir=str(ROOT / "plots" / "glam_eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live, \
+            atomic_path(OUT / "eval", is_dir=True) as eval_dir, atomic_path(OUT / "episodes", is_dir=True) as ep_dir:
+        for name, factories, modes in agents(p):
             start = time.perf_counter()
-            policy = factory()
+            results: dict = {}  # (env_id, mode) -> one EvalResult per training seed
+            for factory in factories:
+                policy = factory()
+                for env_id in p.eval.env_ids:
+                    env = make_env(env_id)
+                    for mode in modes:
+                        if isinstance(policy, LLMBatchPolicy):
+                            result = evaluate_batched(policy, lambda env_id=env_id: make_env(env_id), seeds,
+                                                      mode=mode, max_steps=p.eval.max_steps, n_envs=p.eval.batch)
+                        else:
+                            result = evaluate(policy, env, seeds, mode=mode, max_steps=p.eval.max_steps)
+                        results.setdefault((env_id, mode), []).append(result)
+                        write_json(ep_dir / f"{env_id}_{policy.name}_{mode}.json", result.table())
+                    env.close()
+                if isinstance(policy, LLMBatchPolicy):
+                    write_json(ep_dir / f"{policy.name}_prompts.json", policy.records)
+                del policy
             for env_id in p.eval.env_ids:
-                env = make_env(env_id)
-                for mode in modes:
-                    if isinstance(policy, LLMBatchPolicy):
-                        result = evaluate_batched(policy, lambda env_id=env_id: make_env(env_id), seeds, mode=mode,
-                                                  max_steps=p.eval.max_steps, n_envs=p.eval.batch)
-                    else:
-                        result = evaluate(policy, env, seeds, mode=mode, max_steps=p.eval.max_steps)
-                    s = result.summary()
-                    metrics.setdefault(env_id, {})[f"{name}_{mode}"] = s
-                    rows.append({"agent": f"{name} ({mode})", "level": env_id, "success_rate": s["success_rate"],
-                                 "ci_low": s["success_ci95"][0], "ci_high": s["success_ci95"][1]})
-                    write_json(OUT / "eval" / f"{env_id}_{name}_{mode}_episodes.json", result.table())
-                    log.info("%s %s %s: success %.3f [%.3f, %.3f] over %d episodes", env_id, name, mode,
-                             s["success_rate"], *s["success_ci95"], s["episodes"])
-                env.close()
-            if isinstance(policy, LLMBatchPolicy):
-                write_json(OUT / "eval" / f"{name}_prompts.json", policy.records)
-                metrics.setdefault("distinct_prompts_scored", {})[name] = len(policy.memo)
-            timing[name] = time.perf_counter() - start
-            del policy
+                entry = {mode: headline_of_results(results[env_id, mode]) for mode in modes}
+                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry))
+                for mode, h in entry.items():
+                    rows.append({"agent": f"{name} ({mode})", "level": env_id, "success_rate": h["success"],
+                                 "ci_low": h["success_lo"], "ci_high": h["success_hi"]})
+                    log.info("%s %s %s: success %.3f [%.3f, %.3f] over %d seeds x %d episodes", env_id, name, mode,
+                             h["success"], h["success_lo"], h["success_hi"], h["seeds"], p.eval.episodes)
+            timing[name] = round(time.perf_counter() - start, 1)
         live.log_plot("success_by_agent", rows, x="success_rate", y="agent", template="bar_horizontal",
                       title="GLAM agents: success rate")
-    metrics["wall_s"] = timing
-    write_json(OUT / "eval.json", metrics)
-
+        write_json(ep_dir / "protocol.json", {**protocol, "seconds": timing})
 
 if __name__ == "__main__":
     main()

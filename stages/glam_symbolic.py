@@ -24,23 +24,28 @@ def main() -> None:
     torch.set_num_threads(p.threads)
     start = time.perf_counter()
     cfg = PPOConfig(total_frames=s.timesteps, num_envs=s.n_envs, num_steps=s.n_steps, epochs=s.epochs,
-                    minibatch_size=s.minibatch_size, lr=s.lr, gae_lambda=0.95, entropy_coef=0.01)
+                    minibatch_size=s.minibatch_size, lr=s.lr, gae_lambda=s.gae_lambda, entropy_coef=s.entropy_coef)
 
     def env():  # the LLM agents' training cap, as a time limit (bootstrapped by the PPO)
         e = make_env(p.train.env_id)
         return TimeLimit(e, p.train.max_steps) if p.train.max_steps else e
 
-    model, history = train_symbolic(env, cfg, seed=s.seed)
+    finals = []
     with atomic_path(OUT, is_dir=True) as tmp:
-        torch.save(model.state_dict(), Path(tmp) / "model.pt")
-        (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "cfg": cfg.__dict__}, indent=2))
-    wall = time.perf_counter() - start
-    last = history[-1]
-    log.info("symbolic PPO: %d frames in %.1f s, last training success %.3f", cfg.iterations * cfg.batch_size,
-             wall, last.get("train/success", float("nan")))
+        for seed in s.seeds:
+            model, history = train_symbolic(env, cfg, seed=seed)
+            (Path(tmp) / str(seed)).mkdir()
+            torch.save(model.state_dict(), Path(tmp) / str(seed) / "model.pt")
+            finals.append(history[-1])
+            log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("train/success"))
+        (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
+                                                         "cfg": cfg.__dict__}, indent=2))
+    mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
     write_json(ROOT / "metrics" / "glam" / "symbolic.json",
-               {"frames": cfg.iterations * cfg.batch_size, "wall_s": wall, "final": last})
-
+               {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),
+                "success_rate": mean("train/success"), "return_mean": mean("train/return"),
+                "policy_loss": mean("loss/policy_loss"), "value_loss": mean("loss/value_loss"),
+                "entropy": mean("loss/entropy"), "seconds": round(time.perf_counter() - start, 1)})
 
 if __name__ == "__main__":
     main()

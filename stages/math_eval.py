@@ -1,7 +1,9 @@
 """Stage math_eval: accuracy on the fixed test split before (base model) and after training (each variant).
 
-Greedy and sampled decoding are reported apart, each with a Wilson 95% interval. Every response, its parsed
-answer and correctness go to metrics/math/responses/<model>_<mode>.jsonl; rates to metrics/math/eval.json.
+Greedy and sampled decoding are reported apart. Every response, its parsed answer and correctness go to
+metrics/math/responses/<model>_<mode>.jsonl (a plain out); the headline per model, metrics/math/eval/<model>.json,
+holds accuracy as ``success`` with its 95% interval (one training seed: the interval is over problems), the
+parse-failure and truncation rates and mean tokens per answer.
 """
 
 from common import ROOT, log, stage_params  # isort: skip
@@ -14,7 +16,7 @@ from dvclive import Live
 from llmrl.agents.math_solver import load_policy, solve
 from llmrl.config.math import MathEvalParams, ReinforceTrainParams
 from llmrl.data.math import read_jsonl
-from llmrl.eval.stats import wilson_interval
+from llmrl.eval.headline import headline, metrics_entry
 from llmrl.io import atomic_path, write_json
 from llmrl.llm import SamplingConfig
 from llmrl.seeding import seed_everything
@@ -30,35 +32,35 @@ def main() -> None:
     modes = {"greedy": SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=0.0, seed=p.seed),
              "sampled": SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                                        seed=p.seed)}
-    metrics: dict = {"problems": len(test)}
     rows = []
     with Live(dir=str(ROOT / "plots" / "math" / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live, \
-            atomic_path(ROOT / "metrics" / "math" / "responses", is_dir=True) as resp_dir:
+            atomic_path(ROOT / "metrics" / "math" / "responses", is_dir=True) as resp_dir, \
+            atomic_path(ROOT / "metrics" / "math" / "eval", is_dir=True) as eval_dir:
         for name in p.models:
             folder = None if name == "base" else ROOT / "models" / "math" / name
             if folder is not None and not folder.is_dir():
                 raise SystemExit(f"math_eval.models: {name!r} has no trained policy at {folder}")
             llm = load_policy(base, folder, device=common.device, dtype=common.dtype)
+            entry = {}
             for mode, sampling in modes.items():
                 t0 = time.perf_counter()
                 records = solve(llm, test, shots, sampling, batch_size=p.batch_size)
                 seconds = time.perf_counter() - t0
-                k, n = sum(r["correct"] for r in records), len(records)
-                lo, hi = wilson_interval(k, n)
-                metrics.setdefault(name, {})[mode] = {
-                    "accuracy": k / n, "ci95": [lo, hi], "correct": k, "n": n,
-                    "parse_failure_rate": sum(r["parsed_answer"] is None for r in records) / n,
-                    "truncated_rate": sum(r["finish_reason"] == "length" for r in records) / n,
-                    "mean_tokens": sum(r["n_tokens"] for r in records) / n, "seconds": seconds}
+                n = len(records)
+                h = headline([[float(r["correct"]) for r in records]])
+                entry[mode] = {**h, "parse_failure": round(sum(r["parsed_answer"] is None for r in records) / n, 4),
+                               "truncated": round(sum(r["finish_reason"] == "length" for r in records) / n, 4),
+                               "tokens": round(sum(r["n_tokens"] for r in records) / n, 1)}
                 with (resp_dir / f"{name}_{mode}.jsonl").open("w", encoding="utf-8") as f:
                     f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-                rows.append({"model": f"{name} ({mode})", "accuracy": k / n, "ci_low": lo, "ci_high": hi})
-                log.info("%s %s: %d/%d = %.3f [%.3f, %.3f] in %.0f s", name, mode, k, n, k / n, lo, hi, seconds)
+                rows.append({"model": f"{name} ({mode})", "accuracy": h["success"], "ci_low": h["success_lo"],
+                             "ci_high": h["success_hi"]})
+                log.info("%s %s: %.3f [%.3f, %.3f] on %d problems, %.1f%% truncated, in %.0f s", name, mode,
+                         h["success"], h["success_lo"], h["success_hi"], n, 100 * entry[mode]["truncated"], seconds)
+            write_json(eval_dir / f"{name}.json", metrics_entry(entry, max_new_tokens=p.max_new_tokens))
             del llm
         live.log_plot("accuracy_by_model", rows, x="accuracy", y="model", template="bar_horizontal",
-                      title="Math test accuracy (95% Wilson CI in metrics/math/eval.json)")
-    write_json(ROOT / "metrics" / "math" / "eval.json", metrics)
-
+                      title="Math test accuracy (95% intervals in metrics/math/eval/)")
 
 if __name__ == "__main__":
     main()

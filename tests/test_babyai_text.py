@@ -24,20 +24,35 @@ def view(cells, carry=None, vis=True):
     return g.encode(mask)
 
 
-def sentences(image, variant="none"):
-    return [VARIANTS[variant].sentence(f) for f in describe_image(image)]
+def sentences(image, variant="none", order="glam"):
+    return [VARIANTS[variant].sentence(f) for f in describe_image(image, order)]
 
 
-def test_single_room_sentences_exact():
+def test_single_room_sentences_exact_in_glam_order():
+    """GLAM's description code: carried object, walls, then objects in the view's column scan."""
     cells = {(x, 2): Wall() for x in range(7)}
     cells.update({(0, 6): Wall(), (1, 4): Ball("red"), (5, 5): Key("yellow"), (3, 4): Box("green")})
     assert sentences(view(cells, carry=Key("purple"))) == [
+        "You carry a purple key",
+        "You see a wall 3 steps left",
+        "You see a red ball 2 steps left and 2 steps forward",
+        "You see a green box 2 steps forward",
+        "You see a yellow key 2 steps right and 1 step forward",
+    ]
+
+
+def test_single_room_sentences_nearest_first_option():
+    cells = {(x, 2): Wall() for x in range(7)}
+    cells.update({(0, 6): Wall(), (1, 4): Ball("red"), (5, 5): Key("yellow"), (3, 4): Box("green")})
+    assert sentences(view(cells, carry=Key("purple")), order="nearest") == [
         "You see a wall 3 steps left",
         "You see a green box 2 steps forward",
         "You see a yellow key 2 steps right and 1 step forward",
         "You see a red ball 2 steps left and 2 steps forward",
         "You carry a purple key",
     ]
+    with pytest.raises(ValueError, match="order"):
+        describe_image(view(cells), order="random")
 
 
 def test_walls_on_three_rays_and_doors_with_state():
@@ -59,8 +74,8 @@ def test_multi_room_hides_what_is_behind_walls_and_closed_doors():
     cells[(3, 1)] = Ball("blue")  # in the next room, behind the closed door
     cells[(5, 5)] = Key("red")
     assert sentences(view(cells)) == [
-        "You see a red key 2 steps right and 1 step forward",
         "You see a closed grey door 3 steps forward",
+        "You see a red key 2 steps right and 1 step forward",
     ]
     cells[(3, 3)] = Door("grey", is_open=True)  # opened: the ball beyond becomes visible
     assert "You see a blue ball 5 steps forward" in sentences(view(cells))

@@ -44,8 +44,9 @@ class GlamTrain(Section):
 
 
 class GlamBC(Section):
-    episodes: int = Field(gt=0, description="bot demonstrations recorded on the training level")
-    seed: int = Field(ge=0, description="first demonstration seed")
+    episodes: int = Field(gt=0, description="the first N bot demonstrations of the training level from the demos "
+                                            "stage (data/demos/<glam.train.env_id>.h5)")
+    seed: int = Field(ge=0, description="seed of the adapter's initialisation and the minibatch order")
     epochs: int = Field(gt=0, description="passes over the demonstrations")
     batch_size: int = Field(gt=0, description="samples per optimiser step")
     lr: float = Field(gt=0, description="Adam learning rate")
@@ -58,7 +59,10 @@ class GlamSymbolic(Section):
     epochs: int = Field(4, gt=0, description="PPO epochs per update")
     minibatch_size: int = Field(128, gt=0, description="samples per optimiser step")
     lr: float = Field(gt=0, description="Adam learning rate")
-    seed: int = Field(ge=0, description="training seed")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    entropy_coef: float = Field(0.01, ge=0, description="entropy bonus coefficient")
+    seeds: list[int] = Field(min_length=1, description="training seeds: one model per seed, pooled as seeds in "
+                                                       "glam_eval")
 
 
 class GlamEval(Section):

@@ -1,9 +1,13 @@
 """BabyAI-Text: BabyAI levels described in sentences, with GLAM's mixed train/test levels and text variants.
 
-The wrapper reads only the agent's encoded 7x7 egocentric view (plus the mission), so it describes any BabyAI
-level, multi-room ones included: what is hidden behind walls or closed doors is unseen in the view and is not
-described, doors are described with their state wherever they are, and the wall rays stop at the first thing
-seen. (GLAM's original derived the sentences assuming a single room.)
+The wrapper reads only the agent's encoded 7x7 egocentric view (plus the mission), as GLAM's original does, so
+it describes any BabyAI level, multi-room ones included: what is hidden behind walls or closed doors is unseen in
+the view and is not described, doors are described with their state wherever they are, and the wall rays stop
+at the first thing seen.
+
+Sentence order: by default GLAM's (``order="glam"``): the carried object first, then the walls (forward, left,
+right), then the objects in the view's column scan (left to right, far to near), so published prompts are
+reproduced. ``order="nearest"`` lists objects nearest first and the carried object last.
 
 Sentences (English)::
 
@@ -60,17 +64,29 @@ class Fact(NamedTuple):
     forward: int = 0
 
 
-def describe_image(image: np.ndarray) -> list[Fact]:
+ORDERS = ("glam", "nearest")
+
+
+def describe_image(image: np.ndarray, order: str = "glam") -> list[Fact]:
     """Facts seen in an encoded egocentric view (``image[x, y] = (object, colour, state)``, agent at (3, 6)).
 
     Walls are reported along the three rays (forward, left, right) up to the first thing seen; every visible
-    object or door anywhere in the view is reported with its offsets, nearest first; the carried object last.
+    object or door anywhere in the view is reported with its offsets. ``order="glam"``: the carried object
+    first, objects in column-scan order (x outer, y inner) as GLAM's description code does; ``"nearest"``:
+    objects nearest first, the carried object last.
     """
+    if order not in ORDERS:
+        raise ValueError(f"describe_image: order must be one of {ORDERS}, got {order!r}")
     image = np.asarray(image)
     if image.shape != (VIEW, VIEW, 3):
         raise ValueError(f"describe_image: expected a {VIEW}x{VIEW}x3 view, got shape {image.shape}")
     ax, ay = AGENT
     facts: list[Fact] = []
+    carried = IDX_TO_OBJECT[int(image[ax, ay, 0])]
+    carry = ([Fact("carry", carried, IDX_TO_COLOR[int(image[ax, ay, 1])])]
+             if carried not in ("unseen", "empty", "agent") else [])
+    if order == "glam":
+        facts.extend(carry)
     rays = [("forward", [(ax, y) for y in range(ay - 1, -1, -1)]),
             ("left", [(x, ay) for x in range(ax - 1, -1, -1)]),
             ("right", [(x, ay) for x in range(ax + 1, VIEW)])]
@@ -92,11 +108,11 @@ def describe_image(image: np.ndarray) -> list[Fact]:
                 continue
             state = DOOR_STATES[int(image[x, y, 2])] if kind == "door" else ""
             objects.append(Fact("object", kind, IDX_TO_COLOR[int(image[x, y, 1])], state, x - ax, ay - y))
-    objects.sort(key=lambda f: (abs(f.right) + f.forward, f.forward, f.right))
+    if order == "nearest":
+        objects.sort(key=lambda f: (abs(f.right) + f.forward, f.forward, f.right))
     facts.extend(objects)
-    carried = IDX_TO_OBJECT[int(image[ax, ay, 0])]
-    if carried not in ("unseen", "empty", "agent"):
-        facts.append(Fact("carry", carried, IDX_TO_COLOR[int(image[ax, ay, 1])]))
+    if order == "nearest":
+        facts.extend(carry)
     return facts
 
 
@@ -290,11 +306,13 @@ VARIANTS: dict[str, English | French] = {
 class BabyAIText(gym.Wrapper):
     """Text observations for any BabyAI level (see module doc); six actions (MiniGrid's "done" is dropped)."""
 
-    def __init__(self, env: gym.Env, variant: str = "none"):
+    def __init__(self, env: gym.Env, variant: str = "none", order: str = "glam"):
         super().__init__(env)
         if variant not in VARIANTS:
             raise ValueError(f"BabyAIText: unknown variant {variant!r}; known: {sorted(VARIANTS)}")
-        self.variant = variant
+        if order not in ORDERS:
+            raise ValueError(f"BabyAIText: order must be one of {ORDERS}, got {order!r}")
+        self.variant, self.order = variant, order
         self.language = VARIANTS[variant]
         self.action_texts: tuple[str, ...] = self.language.actions
         self.labels: dict[str, str] = self.language.labels
@@ -308,7 +326,7 @@ class BabyAIText(gym.Wrapper):
         })
 
     def observation(self, obs: dict) -> dict[str, Any]:
-        facts = describe_image(obs["image"])
+        facts = describe_image(obs["image"], self.order)
         sentences = [self.language.sentence(f) for f in facts] or [self.labels["none"]]
         return {"image": obs["image"], "direction": obs["direction"],
                 "mission": self.language.mission(parse_mission(obs["mission"])), "text": ", ".join(sentences)}
@@ -416,7 +434,7 @@ LEVELS = {
 }
 
 
-def make_text_env(level: str, variant: str = "none", **kwargs) -> BabyAIText:
+def make_text_env(level: str, variant: str = "none", order: str = "glam", **kwargs) -> BabyAIText:
     """Entry point of every ``BabyAI-Text-*`` id: the level (a BabyAI id or a mixed split) in the text wrapper."""
     if level in ("train", "test"):
         base = MixedLocal(split=level, **kwargs)
@@ -424,7 +442,7 @@ def make_text_env(level: str, variant: str = "none", **kwargs) -> BabyAIText:
         import minigrid  # noqa: F401  (registers the BabyAI ids)
 
         base = gym.make(level, disable_env_checker=True, **kwargs).unwrapped
-    return BabyAIText(base, variant=variant)
+    return BabyAIText(base, variant=variant, order=order)
 
 
 for _id, _level in LEVELS.items():

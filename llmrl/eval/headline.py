@@ -1,0 +1,50 @@
+"""The headline entry of a metrics file: one small, shared vocabulary for every method.
+
+Every evaluation stage writes one metrics file per agent (``metrics/<method>/eval/<agent>.json``) with, per
+mode, the same keys, so ``dvc metrics show`` prints one row per agent and a handful of columns in total::
+
+    {"greedy": {"success": 0.97, "success_lo": 0.94, "success_hi": 0.98, "return": 0.81,
+                "return_lo": ..., "return_hi": ..., "seeds": 3, "episodes": 300}, "sampled": {...}}
+
+Intervals come from ``llmrl.eval.seeds.aggregate_seeds`` (seeds as the unit; one seed gives an episode-level
+interval and ``seeds: 1`` says so). Per-episode tables, per-seed values and prompts go to plain outs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmrl.eval.harness import EvalResult
+from llmrl.eval.seeds import aggregate_seeds
+
+
+def headline(per_seed_success: Sequence[Sequence[float]], per_seed_return: Sequence[Sequence[float]] | None = None,
+             *, digits: int = 4, reps: int = 2000) -> dict:
+    """``success``/``return`` with seed-level intervals, seed and episode counts."""
+    s = aggregate_seeds(per_seed_success, reps=reps)
+    out = {"success": round(s.value, digits), "success_lo": round(s.ci_low, digits),
+           "success_hi": round(s.ci_high, digits)}
+    if per_seed_return is not None:
+        r = aggregate_seeds(per_seed_return, reps=reps)
+        out.update({"return": round(r.value, digits), "return_lo": round(r.ci_low, digits),
+                    "return_hi": round(r.ci_high, digits)})
+    out.update({"seeds": s.n_seeds, "episodes": int(sum(s.episodes))})
+    return out
+
+
+def headline_of_results(results: Sequence[EvalResult], **kw) -> dict:
+    """The headline of one agent in one mode, from one ``EvalResult`` per training seed."""
+    if not results:
+        raise ValueError("headline_of_results: no results")
+    modes = {r.mode for r in results}
+    if len(modes) != 1:
+        raise ValueError(f"headline_of_results: results mix modes {sorted(modes)}; report greedy and sampled apart")
+    return headline([[float(e.success) for e in r.episodes] for r in results],
+                    [[e.episode_return for e in r.episodes] for r in results], **kw)
+
+
+def metrics_entry(modes: dict[str, dict], **extra) -> dict:
+    """A per-agent metrics file: the headline per mode, any extra headline figures and the environment line."""
+    from llmrl.fingerprint import fingerprint_line
+
+    return {**modes, **extra, "env": fingerprint_line()}

@@ -1,0 +1,63 @@
+"""Readable metrics: the committed metrics files of the whole pipeline fit in one terminal-readable table.
+
+``dvc metrics show`` prints one row per metrics file and one column per distinct key path, so the shared
+vocabulary (``llmrl.eval.headline``) keeps the column count small however many agents and seeds there are.
+Episode tables, prompt dumps and curves are plain outs or plots, never metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_COLUMNS = 80
+
+
+def _declared_metrics() -> list[str]:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    paths = []
+    for stage in stages.values():
+        body = stage.get("do", stage)
+        for entry in body.get("metrics", []):
+            paths.append(next(iter(entry)) if isinstance(entry, dict) else entry)
+    return paths
+
+
+def _metric_files() -> list[Path]:
+    files = []
+    for pattern in _declared_metrics():
+        # foreach/matrix templates (${item...}) match every generated file
+        glob = pattern.split("${")[0]
+        base = ROOT / glob
+        candidates = [base] if base.is_file() else sorted(base.parent.glob(base.name + "*"))
+        for c in candidates:
+            files += [c] if c.is_file() else sorted(c.rglob("*.json"))
+    return sorted(set(files))
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else k)
+    else:
+        yield prefix, node
+
+
+def test_metric_columns_fit_a_terminal_table():
+    files = _metric_files()
+    assert files, "no metrics files found"
+    columns = set()
+    for f in files:
+        columns |= {k for k, _ in _leaves(json.loads(f.read_text()))}
+    assert len(columns) <= MAX_COLUMNS, f"{len(columns)} metric columns (> {MAX_COLUMNS}): {sorted(columns)}"
+
+
+def test_metrics_hold_headline_figures_not_tables():
+    for f in _metric_files():
+        for key, value in _leaves(json.loads(f.read_text())):
+            if isinstance(value, list):
+                assert len(value) <= 10 and all(not isinstance(v, (dict, list)) for v in value), \
+                    f"{f.relative_to(ROOT)}: {key} is a table; write it to a plain out or a plot"
