@@ -54,3 +54,20 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def save_torch(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` with the same bytes for the same tensors, written atomically.
+
+    ``torch.save`` to a path names the archive's root folder after the file, so saving through a temporary
+    file (as ``atomic_path`` does) put a random name into every archive and DVC saw identical models as
+    changed. Serialising to memory fixes the root name ("archive").
+    """
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buffer.getvalue())

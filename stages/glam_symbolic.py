@@ -13,7 +13,7 @@ from llmrl.agents.symbolic import train_symbolic
 from llmrl.algos.ppo import PPOConfig
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
-from llmrl.io import atomic_path, write_json
+from llmrl.io import atomic_path, save_torch, write_json
 
 OUT = ROOT / "models" / "glam" / "symbolic"
 
@@ -35,7 +35,7 @@ def main() -> None:
         for seed in s.seeds:
             model, history = train_symbolic(env, cfg, seed=seed)
             (Path(tmp) / str(seed)).mkdir()
-            torch.save(model.state_dict(), Path(tmp) / str(seed) / "model.pt")
+            save_torch(model.state_dict(), Path(tmp) / str(seed) / "model.pt")
             finals.append(history[-1])
             log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("train/success"))
         (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,

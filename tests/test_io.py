@@ -1,6 +1,11 @@
-import pytest
+"""Atomic writes and byte-stable model files."""
 
-from llmrl.io import atomic_path, write_json
+import hashlib
+
+import pytest
+import torch
+
+from llmrl.io import atomic_path, save_torch, write_json
 
 
 def test_atomic_file_and_dir(tmp_path):
@@ -18,3 +23,24 @@ def test_atomic_file_and_dir(tmp_path):
             raise RuntimeError("interrupted")
     assert (tmp_path / "d" / "x").read_text() == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "m.json"]
+
+
+def test_save_torch_same_tensors_same_bytes(tmp_path):
+    torch.manual_seed(0)
+    state = {"w": torch.randn(8, 4), "b": torch.zeros(4)}
+    save_torch(state, tmp_path / "a.pt")
+    save_torch({k: v.clone() for k, v in state.items()}, tmp_path / "b.pt")
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    assert digest(tmp_path / "a.pt") == digest(tmp_path / "b.pt")
+    loaded = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert torch.equal(loaded["w"], state["w"])
+
+
+def test_plain_torch_save_through_a_temporary_differs(tmp_path):
+    """The failure save_torch avoids: the temporary's name ends up in the archive."""
+    state = {"w": torch.ones(3)}
+    with atomic_path(tmp_path / "a.pt") as tmp:
+        torch.save(state, tmp)
+    with atomic_path(tmp_path / "b.pt") as tmp:
+        torch.save(state, tmp)
+    assert (tmp_path / "a.pt").read_bytes() != (tmp_path / "b.pt").read_bytes()

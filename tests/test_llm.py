@@ -121,6 +121,16 @@ def test_bad_specs(tmp_path):
         load_model(str(tmp_path / "missing-folder"))
 
 
+def test_missing_relative_model_folder_is_no_hub_name(tmp_path, monkeypatch):
+    """``models/x`` with a local ``models`` folder but no ``x`` is a missing folder, not a hub lookup."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for spec in ("models/x", "a/b/c", "~/nowhere/model"):
+        with pytest.raises(ModelSpecError, match="not a model folder"):
+            load_model(spec)
+
+
 def test_embedded_model(embedded_llm):
     """The packaged SmolLM2: real answers, chat template, and scoring equal to the naive computation."""
     assert embedded_llm.is_chat and embedded_llm.model.config.num_hidden_layers == 30

@@ -17,6 +17,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from llmrl.io import save_torch
 from llmrl.llm.load import LLM
 from llmrl.llm.score import score_tensors
 
@@ -265,7 +266,7 @@ def save_agent(agent: LLMActorCritic, out_dir, meta: dict) -> None:
     from llmrl.io import atomic_path
 
     with atomic_path(out_dir, is_dir=True) as tmp:
-        torch.save(agent.trainable_state(), Path(tmp) / "agent.pt")
+        save_torch(agent.trainable_state(), Path(tmp) / "agent.pt")
         (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=2))
 
 

@@ -192,6 +192,14 @@ def _load_pretrained(name_or_path: str) -> tuple[PreTrainedModel, PreTrainedToke
     return model, tok
 
 
+def _names_a_local_path(spec: str) -> bool:
+    """A spec that can only mean a local path: ``./x``, ``/x``, ``~/x``, ``a/b/c``, or ``models/x`` where the
+    folder ``models`` exists here. A hub name is ``owner/name`` whose owner is no local folder."""
+    parts = Path(spec).parts
+    return (spec.startswith((".", "/", "~")) or len(parts) > 2
+            or (len(parts) == 2 and Path(parts[0]).is_dir()))
+
+
 def load_model(
     spec: str,
     *,
@@ -214,7 +222,7 @@ def load_model(
         if not (Path(spec) / "config.json").is_file():
             raise ModelSpecError(f"model folder {spec!r} has no config.json")
         model, tok = _load_pretrained(spec)
-    elif Path(spec).exists() or spec.startswith((".", "/")):
+    elif Path(spec).exists() or _names_a_local_path(spec):
         raise ModelSpecError(f"model spec {spec!r} is a path but not a model folder")
     else:
         model, tok = _load_pretrained(spec)  # hub name
