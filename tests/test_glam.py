@@ -151,3 +151,21 @@ def test_bad_params_name_the_key():
         load_section({"glam": {"train": {"env_id": ENV, "n_envs": 1, "frames_per_env": 1, "updates": 1,
                                          "minibatch_size": 1, "micro_batch": 1, "lr": -1, "seeds": [0],
                                          "variants": ["lora"]}}}, "glam.train", GlamTrain)
+
+
+def test_time_limit_truncation_is_bootstrapped_with_the_cut_state_value():
+    """A step cut by ``max_steps`` (not terminal) gets reward + gamma * V(s_cut); a terminal step does not."""
+    from llmrl.algos.ppo_llm import EnvSlot
+
+    torch.manual_seed(0)
+    agent = build_agent("tiny", "lora")
+    cfg = PPOConfig(n_envs=2, frames_per_env=3, max_steps=2, gamma=0.9, reward_scale=20.0)
+    slots = [EnvSlot(make_env(ENV), seed=i, history=cfg.history) for i in range(cfg.n_envs)]
+    buf = collect(agent, slots, cfg, torch.Generator().manual_seed(0))
+    cut = buf["dones"][1]  # every episode is cut after 2 steps unless it ended before
+    assert cut.sum() > 0
+    for i in range(cfg.n_envs):
+        if buf["dones"][0, i] == 0 and cut[i] == 1:
+            # The bot-free tiny agent fails these levels: the env reward is 0, so the reward is the bootstrap.
+            assert buf["rewards"][1, i] != 0.0
+            assert buf["rewards"][2, i] == 0.0 or buf["dones"][2, i] == 1

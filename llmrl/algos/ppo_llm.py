@@ -12,6 +12,7 @@ prompt histories and the counters. ``train`` resumes from it, so a killed run en
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import pickle
@@ -49,7 +50,7 @@ class PPOConfig:
     reward_scale: float = 20.0
     adam_eps: float = 1e-5
     history: int = 3
-    max_steps: int | None = None  # cut training episodes (counted as truncation, bootstrapped by GAE's done=1)
+    max_steps: int | None = None  # cut training episodes: a truncation, its reward gets gamma * V(s_cut)
     seed: int = 0
 
 
@@ -118,6 +119,7 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: to
         buf["actions"][t] = actions
         buf["logp"][t] = dist.log_prob(actions)
         buf["values"][t] = values
+        cut_prompts, cut_cands, cut_slots = [], [], []  # episodes truncated at this step, not terminated
         for i, s in enumerate(slots):
             a = int(actions[i])
             obs, reward, terminated, truncated, info = s.env.step(a)
@@ -126,6 +128,16 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: to
             if cfg.max_steps is not None and s.ep_len >= cfg.max_steps:
                 truncated = True
             buf["rewards"][t, i] = cfg.reward_scale * float(reward)
+            if truncated and not terminated:
+                # A time limit is not a terminal state: bootstrap with gamma * V(s_{t+1}) of the state the episode
+                # was cut in (GAE then treats the step as done, so the value enters through the reward).
+                final = copy.deepcopy(s.history)
+                final.push(cands[i][a].strip(), obs["text"])
+                r = render(agent.llm, final.prompt(s.env.get_wrapper_attr("labels"),
+                                                   tuple(s.env.get_wrapper_attr("action_texts")), obs["mission"]))
+                cut_prompts.append(r)
+                cut_cands.append(candidates_for(r, tuple(s.env.get_wrapper_attr("action_texts"))))
+                cut_slots.append(i)
             if terminated or truncated:
                 buf["dones"][t, i] = 1.0
                 finished.append({"return": s.ep_return, "length": s.ep_len,
@@ -136,6 +148,10 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: to
             else:
                 s.history.push(cands[i][a].strip(), obs["text"])
                 s.obs = obs
+        if cut_slots:
+            cut_values = infer(agent, cut_prompts, cut_cands, memo)[1]
+            for i, v in zip(cut_slots, cut_values):
+                buf["rewards"][t, i] += cfg.gamma * float(v)
     prompts, cands = [], []
     for s in slots:
         p, acts = s.prompt()
