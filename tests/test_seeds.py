@@ -58,3 +58,19 @@ def test_bad_input_named(bad, match):
 def test_bad_statistic_named():
     with pytest.raises(ValueError, match="statistic"):
         aggregate_seeds([[1.0]], statistic="median")
+
+
+def test_rate_interval_never_collapses_at_zero_or_one():
+    zero = aggregate_seeds([[0] * 100, [0] * 100, [0] * 100], rate=True)
+    assert zero.value == 0 and zero.ci_low == 0 and zero.ci_high == pytest.approx(wilson_interval(0, 300)[1])
+    one = aggregate_seeds([[1] * 50], rate=True)
+    assert one.ci_high == 1 and one.ci_low == pytest.approx(wilson_interval(50, 50)[0])
+    with pytest.raises(ValueError, match="0/1"):
+        aggregate_seeds([[0.5, 1.0]], rate=True)
+
+
+def test_headline_uses_rate_intervals():
+    from llmrl.eval.headline import headline
+
+    h = headline([[0.0] * 100], [[0.0] * 100])
+    assert h["success"] == 0 and h["success_hi"] > 0.03 and h["seeds"] == 1 and h["episodes"] == 100

@@ -7,7 +7,8 @@ mode, the same keys, so ``dvc metrics show`` prints one row per agent and a hand
                 "return_lo": ..., "return_hi": ..., "seeds": 3, "episodes": 300}, "sampled": {...}}
 
 Intervals come from ``llmrl.eval.seeds.aggregate_seeds`` (seeds as the unit; one seed gives an episode-level
-interval and ``seeds: 1`` says so). Per-episode tables, per-seed values and prompts go to plain outs.
+interval and ``seeds: 1`` says so; success intervals contain the pooled Wilson interval, so 0 of 100 is
+reported as [0, 0.037], not [0, 0]). Per-episode tables, per-seed values and prompts go to plain outs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from llmrl.eval.seeds import aggregate_seeds
 def headline(per_seed_success: Sequence[Sequence[float]], per_seed_return: Sequence[Sequence[float]] | None = None,
              *, digits: int = 4, reps: int = 2000) -> dict:
     """``success``/``return`` with seed-level intervals, seed and episode counts."""
-    s = aggregate_seeds(per_seed_success, reps=reps)
+    s = aggregate_seeds(per_seed_success, reps=reps, rate=True)
     out = {"success": round(s.value, digits), "success_lo": round(s.ci_low, digits),
            "success_hi": round(s.ci_high, digits)}
     if per_seed_return is not None:

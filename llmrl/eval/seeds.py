@@ -64,12 +64,17 @@ def aggregate_seeds(
     confidence: float = 0.95,
     reps: int = 2000,
     rng_seed: int = 0,
+    rate: bool = False,
 ) -> SeedAggregate:
     """Aggregate per-episode scores of several seeds: ``per_seed_scores[i]`` holds seed i's episode scores.
 
     Returns the statistic over the per-seed means and a percentile interval from ``reps`` hierarchical
     bootstrap resamples (deterministic for a given ``rng_seed``). One seed gives an episode-only interval;
     its ``n_seeds`` of 1 says so.
+
+    ``rate=True`` (scores are 0/1 outcomes): the interval is widened to contain the Wilson interval of the
+    pooled episodes. A bootstrap cannot see uncertainty where every episode has the same outcome (0 of 300
+    resamples to 0 every time), while 0 of 300 still allows a true rate of about 1 %.
     """
     if statistic not in ("mean", "iqm"):
         raise ValueError(f"aggregate_seeds: statistic must be 'mean' or 'iqm', got {statistic!r}")
@@ -105,5 +110,13 @@ def aggregate_seeds(
     lo, hi = np.quantile(boot, [alpha, 1 - alpha])
     # The percentile interval always contains the point estimate's neighbourhood; guard rounding at the edges.
     lo, hi = min(float(lo), value), max(float(hi), value)
+    if rate:
+        pooled = np.concatenate(seeds)
+        if not np.all((pooled == 0) | (pooled == 1)):
+            raise ValueError("aggregate_seeds: rate=True needs 0/1 scores")
+        from llmrl.eval.stats import wilson_interval
+
+        wlo, whi = wilson_interval(int(pooled.sum()), pooled.size, confidence)
+        lo, hi = min(lo, wlo), max(hi, whi)
     return SeedAggregate(value=value, ci_low=lo, ci_high=hi, per_seed=tuple(float(m) for m in means),
                          episodes=tuple(int(s.size) for s in seeds), statistic=statistic, confidence=confidence)
