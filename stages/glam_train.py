@@ -1,19 +1,24 @@
 """Stage glam_train@<variant>-<seed>: PPO of the LLM policy (GLAM) on a BabyAI-Text level.
 
-Resumable: every update ends with an atomic checkpoint in models/glam_ckpt/<item>/ (a persist out), and a
-restarted stage continues from it, ending with the metrics of an uninterrupted run.
+Resumable: every update ends with an atomic checkpoint in .cache/resume/glam_train/<item>/ (scratch, not a DVC out:
+it only serves a restart, so a pushed and pulled clone has nothing uncached), stored with the run identity (params,
+the base model's content, the source of every project module loaded). A restarted stage continues from a checkpoint
+of the same run, ending with the metrics of an uninterrupted run; any other checkpoint is discarded with a log line.
+The checkpoint is removed once the outputs are written.
 """
 
 from common import ROOT, log, stage_params  # isort: skip
 
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 from dvclive import Live
 
 from llmrl.agents.llm_policy import build_agent, save_agent
 from llmrl.algos.ppo_llm import PPOConfig, train
+from llmrl.checkpoint import project_sources, run_identity
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
 from llmrl.io import write_json
@@ -37,10 +42,13 @@ def main() -> None:
                     ent_coef=t.ent_coef, vf_coef=t.vf_coef, gamma=t.gamma, lam=t.lam,
                     max_grad_norm=t.max_grad_norm, reward_scale=t.reward_scale, history=p.policy.history,
                     max_steps=t.max_steps, seed=seed)
+    model_dir = ROOT / p.model
+    identity = run_identity({"cfg": asdict(cfg), "build": build, "env_id": t.env_id},
+                            inputs={"base_model": model_dir} if model_dir.is_dir() else {},
+                            code=project_sources(ROOT))
+    checkpoint = ROOT / ".cache" / "resume" / "glam_train" / item / "checkpoint.pt"
     start = time.perf_counter()
-    history = train(agent, lambda: make_env(t.env_id), cfg,
-                    checkpoint=ROOT / "models" / "glam_ckpt" / item / "checkpoint.pt",
-                    run_extra={"build": build, "env_id": t.env_id},
+    history = train(agent, lambda: make_env(t.env_id), cfg, checkpoint=checkpoint, identity=identity,
                     on_update=lambda r: log.info("update %d: success %.3f entropy %.3f loss %.4f fps %.2f",
                                                  r["update"], r["success_rate"], r["entropy"], r["loss"],
                                                  r["fps"]))
@@ -55,6 +63,7 @@ def main() -> None:
                 live.log_metric(k, row[k])
     write_json(ROOT / "metrics" / "glam" / "train" / f"{item}.json",
                {"item": item, "final": history[-1], "updates": history, "wall_s": time.perf_counter() - start})
+    checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
 
 
 if __name__ == "__main__":

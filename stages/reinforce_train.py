@@ -11,12 +11,14 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from dvclive import Live
 
 from llmrl.agents.math_solver import build_messages, write_policy
+from llmrl.checkpoint import project_sources, run_identity
 from llmrl.config.math import ReinforceTrainParams
 from llmrl.data.math import read_jsonl
 from llmrl.io import atomic_path, write_json, write_text
@@ -26,7 +28,7 @@ from llmrl.seeding import seed_everything
 VARIANTS = ("reinforce_kl", "grpo")
 
 
-def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live):
+def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live, checkpoint, identity):
     from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig
 
     c, r = p.common, p.reinforce_kl
@@ -38,7 +40,7 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live
         micro_batch=c.micro_batch, epochs=r.epochs, gen_batch_size=c.gen_batch_size, seed=c.seed)
     algo = ReinforceKL(llm, cfg, problems, shots)
     history, rollouts = [], []
-    for stats, episodes in algo.train():
+    for stats, episodes in algo.train(checkpoint=checkpoint, identity=identity):
         history.append(stats)
         rollouts += [{"iteration": stats["iteration"], **ep.as_record()} for ep in episodes]
         for k in ("average_reward", "answer_rate", "loss", "pg_loss", "divergence", "grad_norm", "lr", "mean_lines"):
@@ -100,11 +102,20 @@ def main() -> None:
     llm = load_model(model_spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
     out = ROOT / "models" / "math" / variant
+    # Resume point (reinforce_kl): scratch, not a DVC out; resumed only by the same run (params, base model and
+    # data contents, the source of every project module loaded), removed once the outputs are written.
+    checkpoint = ROOT / ".cache" / "resume" / "reinforce_train" / variant / "checkpoint.pt"
+    if variant == "reinforce_kl":
+        import llmrl.algos.reinforce_kl  # noqa: F401  (loaded before project_sources: its code is in the identity)
+    identity = run_identity({"variant": variant, "params": p.model_dump(mode="json")},
+                            inputs={"base_model": model_spec, "train": ROOT / "data" / "math" / "train.jsonl"}
+                            if Path(model_spec).is_dir() else {"train": ROOT / "data" / "math" / "train.jsonl"},
+                            code=project_sources(ROOT))
     t0 = time.perf_counter()
     with Live(dir=str(ROOT / "plots" / "math" / f"train_{variant}"), save_dvc_exp=False, dvcyaml=None,
               report=None) as live, atomic_path(out, is_dir=True) as tmp:
         if variant == "reinforce_kl":
-            llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live)
+            llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live, checkpoint, identity)
         else:
             llm, history, rollouts = train_grpo(p, llm, problems, shots, live, tmp / "trl")
             shutil.rmtree(tmp / "trl", ignore_errors=True)
@@ -118,6 +129,7 @@ def main() -> None:
         "samples": len(rollouts), "samples_per_second": len(rollouts) / seconds,
         "reward_first": rewards[0], "reward_last": rewards[-1], "reward_mean": float(np.mean(rewards)),
         "history": history})
+    checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
     log.info("%s: %d samples in %.0f s, reward %.3f -> %.3f", variant, len(rollouts), seconds, rewards[0],
              rewards[-1])
 

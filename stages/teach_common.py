@@ -1,7 +1,8 @@
 """What the LLM4Teach stages share: output paths and the planner built from the ``teach.teacher`` params.
 
 The planner's replies live in the reply cache ``data/teach/replies`` (an out of ``teach_plans``); training
-and evaluation open it offline, so they never load a model and a missing reply is an error record.
+and evaluation open it offline, so they never load a model, and a missing reply fails the stage with a
+``CacheMissError`` naming the text (a broken pipeline, not an LLM fault).
 """
 
 from __future__ import annotations
@@ -84,6 +85,6 @@ def make_teacher(key: str, teacher: str, p: TeachTeacherParams, n_actions: int) 
 def save_run(run: str, agent: nn.Module, metrics: dict, **extra) -> None:
     """models/teach/<run>/student.pt (with the run's metrics minus wall-clock fields, so the same training
     gives the same bytes on any machine) and metrics/teach/train/<run>.json."""
-    timeless = {k: v for k, v in metrics.items() if k not in ("seconds", "fps")}
+    timeless = {k: v for k, v in metrics.items() if k not in ("seconds", "cpu_seconds", "fps")}
     save_student(MODELS / run / "student.pt", agent, {"run": timeless, **extra})
     write_json(METRICS / "train" / f"{run}.json", metrics)

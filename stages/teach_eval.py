@@ -1,9 +1,11 @@
-"""Stage teach_eval: students trained with the LLM teacher, the oracle teacher and none (pure PPO), and the
-teachers alone, on held-out levels; success and return with 95% CIs, greedy and sampled apart, AULC.
+"""Stage teach_eval: students trained with the LLM teacher, the oracle teacher and none (pure PPO / MAPPO), the
+teachers alone and a random policy, on the held-out test levels; seeds as the unit (``aggregate_seeds``).
 
-Writes metrics/teach.json (the three-way comparison per environment, MPE included, and the result check:
-student-with-teacher success >= target where pure PPO stays below the ceiling at the same frame budget),
-per-episode tables under metrics/teach/eval/ and a dvclive bar plot of greedy success.
+Writes one headline file per agent, metrics/teach/eval/<env>/<agent>.json (success and return with seed-level
+intervals, greedy and sampled apart, AULC, ``beats_random``; MPE: return only), the result check
+metrics/teach/result/<env>.json (``met_oracle``, ``met_llm``), the full report with per-seed values, budgets and
+planner statistics metrics/teach/report.json and per-episode tables under metrics/teach/episodes/ (plain outs),
+and a dvclive bar plot of greedy success (MPE: mean return).
 """
 
 from common import ROOT, log, stage_params  # isort: skip
@@ -12,134 +14,153 @@ from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, make_teacher  
 import json
 
 import numpy as np
-import torch
 from dvclive import Live
 
+from llmrl.agents import RandomPolicy
 from llmrl.agents.student import StudentPolicy, load_student
-from llmrl.algos.mappo import evaluate_spread, mappo_inputs
+from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
 from llmrl.config.teach import TeachParams
 from llmrl.envs import make_env
-from llmrl.eval import EvalResult, evaluate, mean_interval, wilson_interval
+from llmrl.envs.mpe import N_ACTIONS as MPE_ACTIONS
+from llmrl.eval import aggregate_seeds, evaluate
 from llmrl.eval.batched import evaluate_batched
-from llmrl.io import write_json
+from llmrl.eval.headline import headline_of_results, metrics_entry
+from llmrl.eval.teach_report import beats_random, result_check, return_headline
+from llmrl.io import atomic_path, write_json
 
 
-def pooled(results: list[EvalResult]) -> dict:
-    """Success and return over all episodes of all seeds, with the per-seed rates alongside."""
-    eps = [e for r in results for e in r.episodes]
-    wins = sum(e.success for e in eps)
-    return {"success_rate": wins / len(eps), "success_ci95": list(wilson_interval(wins, len(eps))),
-            "mean_return": float(np.mean([e.episode_return for e in eps])),
-            "return_ci95": list(mean_interval([e.episode_return for e in eps])),
-            "episodes": len(eps), "per_seed_success": [r.summary()["success_rate"] for r in results]}
-
-
-def train_metrics(run: str) -> dict:
+def train_record(run: str) -> dict:
     return json.loads((METRICS / "train" / f"{run}.json").read_text())
 
 
-def eval_grid(p: TeachParams, key: str, seeds: range, rows: list[dict]) -> dict:
-    env = make_env(env_id(key))
-    out: dict = {}
+def successes(results) -> list[list[float]]:
+    return [[float(e.success) for e in r.episodes] for r in results]
+
+
+def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, episodes_dir, rows: list[dict]) -> dict:
+    """One environment: every agent's headline file; returns the detailed report for the environment."""
+    eid = env_id(key)
+    env = make_env(eid)
+    n_actions = int(env.action_space.n)
+    report: dict = {}
+
+    rand = evaluate(RandomPolicy(n_actions), env, seeds, mode="sampled")
+    random_success = aggregate_seeds(successes([rand]))
+    write_json(eval_dir / key / "random.json", metrics_entry({"sampled": headline_of_results([rand])}))
+    report["random"] = {"sampled_success": random_success.summary()}
+
+    students: dict = {}
+    ppo = None
     for teacher in p.train.teachers:
         label = "ppo" if teacher == "none" else f"student_{teacher}"
-        entry: dict = {}
+        runs = [f"{key}-{teacher}-{seed}" for seed in p.train.seeds]
+        by_mode = {}
         for mode in ("greedy", "sampled"):
-            results = []
-            for seed in p.train.seeds:
-                model, _ = load_student(MODELS / f"{key}-{teacher}-{seed}" / "student.pt")
-                r = evaluate_batched(StudentPolicy(model, f"{label}-{seed}"), lambda: make_env(env_id(key)), seeds,
-                                     mode=mode, n_envs=len(seeds))
-                write_json(METRICS / "eval" / f"{key}_{label}_{seed}_{mode}.json", r.table())
-                results.append(r)
-            entry[mode] = pooled(results)
-        runs = [train_metrics(f"{key}-{teacher}-{seed}") for seed in p.train.seeds]
-        aulcs = [r["aulc"] for r in runs]
-        entry["aulc"] = {"mean": float(np.mean(aulcs)), "ci95": list(mean_interval(aulcs)), "per_seed": aulcs}
-        entry["frames"] = runs[0]["frames"]
-        out[label] = entry
-        rows.append({"policy": f"{key} {label}", "success_rate": entry["greedy"]["success_rate"]})
+            by_mode[mode] = []
+            for seed, run in zip(p.train.seeds, runs):
+                model, _ = load_student(MODELS / run / "student.pt")
+                r = evaluate_batched(StudentPolicy(model, f"{label}-{seed}"), lambda: make_env(eid), seeds,
+                                     mode=mode, n_envs=len(seeds), progress=False)
+                write_json(episodes_dir / f"{key}_{label}_{seed}_{mode}.json", r.table())
+                by_mode[mode].append(r)
+        greedy = aggregate_seeds(successes(by_mode["greedy"]))
+        records = [train_record(run) for run in runs]
+        aulc = aggregate_seeds([[r["aulc"]] for r in records])  # one value per seed: a bootstrap over seeds
+        flag = beats_random(greedy, random_success.value)
+        write_json(eval_dir / key / f"{label}.json",
+                   metrics_entry({m: headline_of_results(by_mode[m]) for m in by_mode},
+                                 aulc=round(aulc.value, 4), beats_random=flag))
+        report[label] = {"greedy_success": greedy.summary(),
+                         "sampled_success": aggregate_seeds(successes(by_mode["sampled"])).summary(),
+                         "aulc": aulc.summary(), "beats_random": flag,
+                         "budget": {"frames": records[0]["frames"], "iterations": records[0]["iterations"],
+                                    "final_distill_coef": records[0]["final_distill_coef"]},
+                         "train_seconds": [r["seconds"] for r in records]}
+        if teacher == "none":
+            ppo = greedy
+        else:
+            students[teacher] = greedy
+        rows.append({"policy": f"{key} {label}", "success_rate": round(greedy.value, 4)})
+        log.info("%s %s: greedy success %.3f [%.3f, %.3f] per seed %s, beats random %s", key, label, greedy.value,
+                 greedy.ci_low, greedy.ci_high, [round(x, 2) for x in greedy.per_seed], flag)
         if teacher != "none":
-            tp = make_teacher(key, teacher, p.teacher, int(env.action_space.n))
-            out[f"teacher_{teacher}"] = {mode: evaluate(tp, env, seeds, mode=mode).summary()
-                                         for mode in ("greedy", "sampled")}
+            tp = make_teacher(key, teacher, p.teacher, n_actions)
+            alone = {mode: evaluate(tp, env, seeds, mode=mode) for mode in ("greedy", "sampled")}
+            write_json(eval_dir / key / f"teacher_{teacher}.json",
+                       metrics_entry({m: headline_of_results([r]) for m, r in alone.items()}))
+            report[f"teacher_{teacher}"] = {m: r.summary() for m, r in alone.items()}
             if hasattr(tp.planner, "stats"):
-                out[f"teacher_{teacher}"]["llm"] = tp.planner.stats()
-            rows.append({"policy": f"{key} teacher_{teacher}",
-                         "success_rate": out[f"teacher_{teacher}"]["greedy"]["success_rate"]})
-        log.info("%s %s: greedy success %.3f %s", key, label, entry["greedy"]["success_rate"],
-                 entry["greedy"]["success_ci95"])
-    return out
+                report[f"teacher_{teacher}"]["llm"] = tp.planner.stats()
+            rows.append({"policy": f"{key} teacher_{teacher}", "success_rate": alone["greedy"].summary()["success_rate"]})
+    check = result_check(students, ppo, target=p.eval.success_target, ceiling=p.eval.ppo_ceiling)
+    write_json(result_dir / f"{key}.json", check)
+    report["result"] = {**check, "target": p.eval.success_target, "ppo_ceiling": p.eval.ppo_ceiling,
+                        "mode": "greedy", "statistic": "mean over seeds of per-seed success"}
+    return report
 
 
-def result_check(p: TeachParams, grid: dict) -> dict:
-    """Item 7: with a teacher the student reaches the target where pure PPO is below the ceiling (same frames)."""
-    check: dict = {"target": p.eval.success_target, "ppo_ceiling": p.eval.ppo_ceiling, "mode": "greedy"}
-    ppo = grid.get("ppo", {}).get("greedy", {}).get("success_rate")
-    check["ppo_success"] = ppo
-    for teacher in ("oracle", "llm"):
-        s = grid.get(f"student_{teacher}", {}).get("greedy", {})
-        if s:
-            check[f"student_{teacher}_success"] = s["success_rate"]
-            check[f"student_{teacher}_min_seed"] = min(s["per_seed_success"])
-            check[f"met_{teacher}"] = bool(ppo is not None and s["success_rate"] >= p.eval.success_target
-                                           and ppo < p.eval.ppo_ceiling)
-    return check
-
-
-def eval_mpe(p: TeachParams, rows: list[dict]) -> dict:
+def eval_mpe(p: TeachParams, eval_dir, rows: list[dict]) -> dict:
     m, e = p.mpe, p.eval
     kw = dict(n_agents=m.n_agents, max_cycles=m.max_cycles, local_ratio=m.local_ratio)
-    out: dict = {}
-
-    def summary(returns: list[float]) -> dict:
-        return {"mean_return": float(np.mean(returns)), "return_ci95": list(mean_interval(returns)),
-                "episodes": len(returns)}
-
+    report: dict = {}
+    rng = np.random.default_rng(e.seed)
+    rand = evaluate_spread(lambda obs: rng.integers(0, MPE_ACTIONS, len(obs)), e.episodes, e.seed, **kw)
+    random_value = float(np.mean(rand))
+    write_json(eval_dir / "mpe" / "random.json", metrics_entry({"sampled": return_headline([rand])}))
+    report["random"] = aggregate_seeds([rand]).summary()
     for teacher in m.teachers:
         label = "mappo" if teacher == "none" else f"student_{teacher}"
-        returns = []
+        per_seed = []
         for seed in m.seeds:
             model, _ = load_student(MODELS / f"mpe-{teacher}-{seed}" / "student.pt")
-            model.eval()
-
-            def act(obs, model=model):
-                with torch.no_grad():
-                    return model(torch.as_tensor(mappo_inputs(obs[None])[0]))[0].argmax(-1).numpy()
-
-            returns += evaluate_spread(act, e.episodes, e.seed, **kw)
-        out[label] = summary(returns)
-        rows.append({"policy": f"mpe {label} (return)", "success_rate": out[label]["mean_return"]})
+            per_seed.append(evaluate_spread(greedy_joint_policy(model), e.episodes, e.seed, **kw))
+        agg = aggregate_seeds(per_seed)
+        flag = beats_random(agg, random_value)
+        write_json(eval_dir / "mpe" / f"{label}.json",
+                   metrics_entry({"greedy": return_headline(per_seed)}, beats_random=flag))
+        records = [train_record(f"mpe-{teacher}-{seed}") for seed in m.seeds]
+        report[label] = {"greedy_return": agg.summary(), "beats_random": flag,
+                         "budget": {"frames": records[0]["frames"], "iterations": records[0]["iterations"],
+                                    "final_distill_coef": records[0]["final_distill_coef"]},
+                         "train_seconds": [r["seconds"] for r in records]}
+        rows.append({"policy": f"mpe {label} (return)", "success_rate": round(agg.value, 4)})
+        log.info("mpe %s: greedy return %.2f [%.2f, %.2f] per seed %s, beats random (%.2f) %s", label, agg.value,
+                 agg.ci_low, agg.ci_high, [round(x, 2) for x in agg.per_seed], random_value, flag)
         if teacher != "none":
-            tp = make_teacher(MPE_KEY, teacher, p.teacher, 5)
-            out[f"teacher_{teacher}"] = summary(
-                evaluate_spread(lambda obs, tp=tp: tp.distributions(obs).argmax(1), e.episodes, e.seed, **kw))
-    rng = np.random.default_rng(e.seed)
-    out["random"] = summary(evaluate_spread(lambda obs: rng.integers(0, 5, len(obs)), e.episodes, e.seed, **kw))
-    log.info("mpe: %s", {k: round(v["mean_return"], 2) for k, v in out.items()})
-    return out
+            tp = make_teacher(MPE_KEY, teacher, p.teacher, MPE_ACTIONS)
+            alone = evaluate_spread(lambda obs, tp=tp: tp.distributions(obs).argmax(1), e.episodes, e.seed, **kw)
+            write_json(eval_dir / "mpe" / f"teacher_{teacher}.json",
+                       metrics_entry({"greedy": return_headline([alone])}))
+            report[f"teacher_{teacher}"] = aggregate_seeds([alone]).summary()
+    return report
 
 
 def main() -> None:
     p = stage_params("teach", TeachParams)
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     rows: list[dict] = []
-    metrics: dict = {"protocol": {"episodes": p.eval.episodes, "seeds": f"{seeds.start}-{seeds.stop - 1}",
-                                  "train_seeds": list(p.train.seeds), "ci": "Wilson 95% (success), t 95% (return)"}}
-    for key in p.train.envs:
-        grid = eval_grid(p, key, seeds, rows)
-        grid["result"] = result_check(p, grid)
-        metrics[key] = grid
-    if p.mpe.teachers:
-        metrics["mpe"] = eval_mpe(p, rows)
-    plans = ROOT / "metrics" / "teach" / "plans.json"
-    if plans.is_file():
-        metrics["llm_planner"] = {k: {f: v[f] for f in ("invalid_rate", "error_rate", "mean_p_oracle_plan")}
-                                  for k, v in json.loads(plans.read_text()).items()}
+    report: dict = {"protocol": {"test_levels": f"{seeds.start}-{seeds.stop - 1}", "episodes": p.eval.episodes,
+                                 "train_seeds": list(p.train.seeds), "mpe_seeds": list(p.mpe.seeds),
+                                 "validation_levels": f"{p.validation.seed}-"
+                                                      f"{p.validation.seed + p.validation.episodes - 1}",
+                                 "selection": p.validation.selection,
+                                 "interval": "95% hierarchical bootstrap over seeds, then episodes "
+                                             "(llmrl.eval.seeds.aggregate_seeds)",
+                                 "beats_random": "the seed-level interval's low end above random's figure"}}
+    with atomic_path(METRICS / "eval", is_dir=True) as eval_dir, \
+            atomic_path(METRICS / "episodes", is_dir=True) as episodes_dir, \
+            atomic_path(METRICS / "result", is_dir=True) as result_dir:
+        for key in p.train.envs:
+            report[key] = eval_grid(p, key, seeds, eval_dir, result_dir, episodes_dir, rows)
+        if p.mpe.teachers:
+            report["mpe"] = eval_mpe(p, eval_dir, rows)
+    plans = METRICS / "plans"
+    if plans.is_dir():
+        report["llm_planner"] = {f.stem: json.loads(f.read_text()) for f in sorted(plans.glob("*.json"))}
     with Live(dir=str(PLOTS / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
         live.log_plot("success_by_policy", rows, x="success_rate", y="policy", template="bar_horizontal",
-                      title="LLM4Teach: greedy success (MPE: mean return)")
-    write_json(ROOT / "metrics" / "teach.json", metrics)
+                      title="LLM4Teach: greedy success, mean over seeds (MPE: mean return)")
+    write_json(METRICS / "report.json", report)
 
 
 if __name__ == "__main__":

@@ -2,53 +2,57 @@
 
 The text space of each task is small and enumerable (``observation_texts``: 6 for SimpleDoorKey, 8 for
 simple_spread), so the cache is filled here and every training and evaluation run replays it offline.
-Writes the reply cache (data/teach/replies), one record file per task with prompts, raw replies, their
-types and the resulting plan distributions (data/teach/plans/<task>.json), and metrics/teach/plans.json:
-invalid- and error-reply rates, the plan distribution per text, and the probability the LLM gives to the
-oracle's plan.
+Writes the reply cache (data/teach/replies); one record file per task, data/teach/plans/<task>.json (a plain
+out: prompts, raw replies, their types and invalid reasons, the plan distribution per text, reply counts,
+cache statistics, time); and the headline per task, metrics/teach/plans/<task>.json: invalid- and error-reply
+rates, texts that fell back, and the mean probability the LLM gives to the oracle's plan.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
-from teach_common import MPE_KEY, PLANS, REPLIES, make_planner, task_kind  # isort: skip
+from common import log, stage_params  # isort: skip
+from teach_common import METRICS, MPE_KEY, PLANS, REPLIES, make_planner, task_kind  # isort: skip
 
 import time
 
 from tqdm.auto import tqdm
 
-from llmrl.agents.teacher import oracle_plan, observation_texts
+from llmrl.agents.teacher import observation_texts, oracle_plan
 from llmrl.config.teach import TeachParams
-from llmrl.io import write_json
+from llmrl.fingerprint import fingerprint_line
+from llmrl.io import atomic_path, write_json
 
 
 def main() -> None:
     p = stage_params("teach", TeachParams)
     keys = list(p.train.envs) if "llm" in p.train.teachers else []
     keys += [MPE_KEY] if "llm" in p.mpe.teachers else []
-    metrics: dict = {}
-    for key in keys:
-        kind = task_kind(key)
-        planner = make_planner(key, "llm", p.teacher, offline=False)
-        start = time.perf_counter()
-        per_text = {}
-        for text in tqdm(observation_texts(kind), desc=f"plans {key}"):
-            dist = planner.plan(text)
-            oracle = oracle_plan(kind, text)
-            per_text[text] = {"plans": dict(zip(dist.plans, dist.probs)), "fallback": dist.fallback,
-                              "oracle_plan": oracle,
-                              "p_oracle_plan": dict(zip(dist.plans, dist.probs)).get(oracle, 0.0)}
-        stats = planner.stats()
-        stats.update(seconds=round(time.perf_counter() - start, 1), cache_hits=planner.backend.stats.hits,
-                     cache_misses=planner.backend.stats.misses, model_loaded=planner.backend.backend.loaded,
-                     mean_p_oracle_plan=sum(t["p_oracle_plan"] for t in per_text.values()) / len(per_text),
-                     texts_detail=per_text)
-        metrics[key] = stats
-        write_json(PLANS / f"{key}.json", {"model_id": planner.backend.model_id, "records": planner.records})
-        log.info("%s: %d texts, %d replies, invalid rate %.2f, error rate %.2f, mean P(oracle plan) %.2f, %.0f s",
-                 key, stats["texts"], stats["replies"], stats["invalid_rate"], stats["error_rate"],
-                 stats["mean_p_oracle_plan"], stats["seconds"])
-    for folder in (PLANS, REPLIES):  # DVC outs even when no task asks the LLM
-        folder.mkdir(parents=True, exist_ok=True)
-    write_json(ROOT / "metrics" / "teach" / "plans.json", metrics)
+    with atomic_path(PLANS, is_dir=True) as plans_dir, atomic_path(METRICS / "plans", is_dir=True) as head_dir:
+        for key in keys:
+            kind = task_kind(key)
+            planner = make_planner(key, "llm", p.teacher, offline=False)
+            start = time.perf_counter()
+            per_text = {}
+            for text in tqdm(observation_texts(kind), desc=f"plans {key}"):
+                dist = planner.plan(text)
+                oracle = oracle_plan(kind, text)
+                plans = dict(zip(dist.plans, dist.probs))
+                per_text[text] = {"plans": plans, "fallback": dist.fallback, "oracle_plan": oracle,
+                                  "p_oracle_plan": plans.get(oracle, 0.0)}
+            stats = planner.stats()
+            mean_p_oracle = sum(t["p_oracle_plan"] for t in per_text.values()) / len(per_text)
+            headline = {"invalid_rate": round(stats["invalid_rate"], 4), "error_rate": round(stats["error_rate"], 4),
+                        "fallback_texts": stats["fallback_texts"], "mean_p_oracle_plan": round(mean_p_oracle, 4),
+                        "env": fingerprint_line()}
+            detail = {**stats, "seconds": round(time.perf_counter() - start, 1),
+                      "cache_hits": planner.backend.stats.hits, "cache_misses": planner.backend.stats.misses,
+                      "model_loaded": planner.backend.backend.loaded, "mean_p_oracle_plan": mean_p_oracle,
+                      "texts_detail": per_text}
+            write_json(plans_dir / f"{key}.json", {"model_id": planner.backend.model_id, "stats": detail,
+                                                   "records": planner.records})
+            write_json(head_dir / f"{key}.json", headline)
+            log.info("%s: %d texts, %d replies, invalid rate %.2f %s, error rate %.2f, mean P(oracle plan) %.2f, "
+                     "%.0f s", key, stats["texts"], stats["replies"], stats["invalid_rate"], stats["invalid_reasons"],
+                     stats["error_rate"], mean_p_oracle, detail["seconds"])
+    REPLIES.mkdir(parents=True, exist_ok=True)  # a DVC out even when no task asks the LLM
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 oracle teacher, or none (pure MAPPO with a centralised critic), for the same frame budget.
 
 Usage: python stages/teach_train_mpe.py <llm|oracle|none> <seed>
-Writes models/teach/mpe-<teacher>-<seed>/student.pt, metrics/teach/train/mpe-<teacher>-<seed>.json and dvclive
-curves under plots/teach/train/mpe-<teacher>-<seed>/.
+Writes models/teach/mpe-<teacher>-<seed>/student.pt, metrics/teach/train/mpe-<teacher>-<seed>.json (a plain
+out) and dvclive curves under plots/teach/train/mpe-<teacher>-<seed>/.
 """
 
 from common import log, stage_params  # isort: skip
@@ -14,11 +14,9 @@ import time
 
 from dvclive import Live
 
-from llmrl.algos.mappo import make_mappo_agent, train_mappo
-from llmrl.algos.ppo import DistillSchedule, PPOConfig
+from llmrl.algos.teach_runs import train_spread_student
 from llmrl.config.teach import TeachParams
-from llmrl.envs.mpe import SpreadBatch
-from llmrl.seeding import seed_everything
+from llmrl.envs.mpe import N_ACTIONS
 
 
 def main(teacher_kind: str, seed: int) -> None:
@@ -27,12 +25,8 @@ def main(teacher_kind: str, seed: int) -> None:
     if teacher_kind not in m.teachers or seed not in m.seeds:
         raise SystemExit(f"teach_train_mpe: {teacher_kind}-{seed} is not in teach.mpe teachers/seeds")
     run = f"mpe-{teacher_kind}-{seed}"
-    seed_everything(seed)
-    cfg = PPOConfig(**m.ppo.model_dump())
-    envs = SpreadBatch(cfg.num_envs, m.n_agents, m.max_cycles, m.local_ratio)
-    agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, tuple(m.hidden))
-    teacher = make_teacher(MPE_KEY, teacher_kind, p.teacher, envs.n_actions) if teacher_kind != "none" else None
-    start = time.perf_counter()
+    teacher = make_teacher(MPE_KEY, teacher_kind, p.teacher, N_ACTIONS) if teacher_kind != "none" else None
+    start, cpu_start = time.perf_counter(), time.process_time()
     with Live(dir=str(PLOTS / "train" / run), save_dvc_exp=False, dvcyaml=None, report=None) as live:
         def on_iteration(stats: dict) -> None:
             live.step = stats["frames"]
@@ -41,12 +35,14 @@ def main(teacher_kind: str, seed: int) -> None:
                     live.log_metric(k, v)
             live.next_step()
 
-        history = train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
-                              distill=DistillSchedule(**m.distill.model_dump()), on_iteration=on_iteration)
-    seconds = time.perf_counter() - start
+        result = train_spread_student(teacher, m, seed, on_iteration=on_iteration)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    history = result.history
     returns = [h["train/return"] for h in history if "train/return" in h]
     metrics = {"run": run, "env_id": "simple_spread_v3", "teacher": teacher_kind, "seed": seed,
                "frames": history[-1]["frames"], "iterations": len(history), "seconds": round(seconds, 1),
+               "cpu_seconds": round(cpu_seconds, 1),
+               "final_distill_coef": history[-1]["distill_coef"],
                "train_return_first": returns[0] if returns else None,
                "train_return_last": returns[-1] if returns else None,
                "train_return_curve": [(h["frames"], h["train/return"]) for h in history if "train/return" in h]}
@@ -54,7 +50,7 @@ def main(teacher_kind: str, seed: int) -> None:
         metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
         if hasattr(teacher.planner, "stats"):
             metrics["llm"] = teacher.planner.stats()
-    save_run(run, agent, metrics, ppo=m.ppo.model_dump(), n_agents=m.n_agents)
+    save_run(run, result.agent, metrics, ppo=m.ppo.model_dump(), n_agents=m.n_agents)
     log.info("%s: %d frames in %.0f s, train return %s → %s", run, metrics["frames"], seconds,
              metrics["train_return_first"], metrics["train_return_last"])
 

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from llmrl.agents.skills import FORWARD, LEFT, RIGHT, GridView, go_to
+from llmrl.agents.skills import FORWARD, LEFT, RIGHT, GridView, Step, go_to, plan_actions
 from llmrl.agents.student import GridStudent, MLPStudent, load_student, save_student
 from llmrl.agents.teacher import (
+    LLM_FAULTS,
     LazyBackend,
     LLMPlanner,
     OraclePlanner,
@@ -21,14 +22,17 @@ from llmrl.agents.teacher import (
     oracle_plan,
     observation_texts,
     parse_reply,
+    validate_plan,
 )
 from llmrl.algos.mappo import make_mappo_agent, train_mappo
 from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, ppo_loss, train
 from llmrl.envs import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
-from llmrl.llm.backends import CachedBackend, LocalBackend, ReplyCache
-from llmrl.llm.generate import SamplingConfig
+from llmrl.eval.seeds import aggregate_seeds
+from llmrl.eval.teach_report import aulc, beats_random, result_check, return_headline, select_setting
+from llmrl.llm.backends import CachedBackend, CacheMissError, LocalBackend, ReplyCache
+from llmrl.llm.generate import Generation, SamplingConfig
 from llmrl.llm.load import load_model
 
 SIMPLE = ENV_IDS["simpledoorkey"]
@@ -100,6 +104,53 @@ def test_parse_reply_types_and_frequencies():
     d = PlanDistribution.from_replies(replies)
     assert d.plans == ("explore", "go to <key>") and d.probs == (0.75, 0.25)
     assert (d.n_plan, d.n_invalid, d.n_error, d.fallback) == (4, 1, 0, False)
+    assert d.invalid_reasons == (("no_action", 1),)
+
+
+@pytest.mark.parametrize("kind, reply, reason", [
+    ("doorkey", "Action: {go to <key>, pick up <key>}", ""),
+    ("doorkey", "Action: {explore}", ""),
+    ("doorkey", "Action: {go to <key>, picking up <key>}", "unknown_verb"),  # "picking up" is no verb
+    ("doorkey", "Action: {pickup_door}", "unknown_verb"),
+    ("doorkey", "Action: {go to <box>}", "unknown_object"),
+    ("doorkey", "Action: {open}", "unknown_object"),
+    ("twodoor", "Action: {open <door>}", "unknown_object"),  # TwoDoor names door1 / door2
+    ("twodoor", "Action: {go to <door2>, open <door2>}", ""),
+    ("coloreddoorkey", "Action: {go to <color1 key>, pick up <color1 key>}", ""),
+    ("simple_spread", "Action: {go to <landmark 2>}", ""),
+    ("simple_spread", "Action: {go to Z}", "unknown_object"),
+    ("simple_spread", "Action: {explore}", "unknown_verb"),  # the MPE prompt offers only "go to"
+])
+def test_unknown_verb_or_object_is_invalid_with_reason(kind, reply, reason):
+    r = parse_reply(reply, kind)
+    assert (r.kind, r.reason) == (("plan", "") if not reason else ("invalid", reason))
+    if r.kind == "plan":
+        assert validate_plan(r.plan, kind) == ""
+
+
+def test_invalid_plans_are_counted_not_turned_into_wait():
+    """Two replies name an unknown verb/object: they are invalid (counted with reasons), the distribution
+    covers only the valid plan, and the teacher never puts mass on "wait" for them."""
+
+    class Replies:
+        model_id = "fixed"
+
+        def generate(self, prompts, sampling):
+            texts = ["go to <key>, pick up <key>}", "jump over <key>}", "go to <box>}", "go to <key>, pick up <key>}"]
+            return [Generation(prompt="p", text=t, finish_reason="stop", n_tokens=5) for t in texts[:len(prompts)]]
+
+    planner = LLMPlanner("doorkey", Replies(), n_ask=4, answer_prefix="Action: {")
+    d = planner.plan("Agent sees <key>, holds <nothing>.")
+    assert d.plans == ("go to <key>, pick up <key>",) and d.probs == (1.0,)
+    assert (d.n_plan, d.n_invalid) == (2, 2)
+    assert planner.stats()["invalid_reasons"] == {"no_action": 0, "unknown_verb": 1, "unknown_object": 1}
+    assert planner.stats()["invalid_rate"] == 0.5
+
+
+def test_plan_actions_raises_on_a_verb_without_skill():
+    obs, _ = make_env(SIMPLE).reset(seed=0)
+    with pytest.raises(ValueError, match="no skill"):
+        plan_actions([Step("jump", "key")], GridView(obs), {"key": (1, 1)})
 
 
 class RaisingBackend:
@@ -131,6 +182,40 @@ def test_llm_fault_takes_fallback_and_is_counted():
     assert probs.sum() == pytest.approx(1.0) and probs[6] == 0.0
 
 
+class BuggyBackend:
+    model_id = "buggy"
+
+    def generate(self, prompts, sampling):
+        return [None.text]  # a programming error (AttributeError), not an LLM fault
+
+
+def test_programming_error_fails_instead_of_falling_back():
+    planner = LLMPlanner("doorkey", BuggyBackend(), n_ask=2)
+    with pytest.raises(AttributeError):
+        planner.plan("Agent sees <key>, holds <nothing>.")
+    assert planner.memo == {} and planner.records == []
+
+
+def test_http_timeout_is_an_llm_fault():
+    import httpx
+    import openai
+
+    class TimingOut:
+        model_id = "timeout"
+
+        def generate(self, prompts, sampling):
+            raise openai.APITimeoutError(request=httpx.Request("POST", "http://localhost/v1/chat/completions"))
+
+    assert issubclass(openai.APITimeoutError, LLM_FAULTS)
+    d = LLMPlanner("simple_spread", TimingOut(), n_ask=3).plan("Landmarks from nearest to farthest: ...")
+    assert d.fallback and d.n_error == 3
+
+
+def test_fallback_plan_is_validated():
+    with pytest.raises(ValueError, match="fallback_plan"):
+        LLMPlanner("doorkey", BuggyBackend(), fallback_plan="dance")
+
+
 @pytest.fixture(scope="module")
 def tiny_backend():
     return LocalBackend(load_model("tiny"), batch_size=4)
@@ -160,9 +245,9 @@ def test_cache_hit_returns_same_distribution_without_model(tiny_backend, tmp_pat
     second = LLMPlanner("doorkey", cached, n_ask=3, sampling=sampling, answer_prefix="Action: {")
     assert second.plan(text) == d1
     assert cached.stats.hits == 3 and cached.stats.misses == 0 and not lazy.loaded
-    # an offline miss is an error record with the fallback plan, not a crash
-    d = second.plan("Agent sees <nothing>, holds <key>.")
-    assert d.fallback and d.n_error == 3
+    # an offline miss is a broken pipeline, not an LLM fault: it fails, naming the text
+    with pytest.raises(CacheMissError, match="holds <key>"):
+        second.plan("Agent sees <nothing>, holds <key>.")
 
 
 def test_shared_prompt_backend_is_seeded_and_chunked():
@@ -307,3 +392,90 @@ def test_mappo_with_teacher_trains_shared_actor():
     assert len(hist) == 6 and all("train/return" in h for h in hist)
     assert hist[-1]["loss/distill_loss"] < hist[0]["loss/distill_loss"]
     assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
+
+
+# ----------------------------------------------------------------------------------------- result logic
+
+
+def test_aulc_is_mean_success_over_training():
+    curve = [{"frames": 0, "success_rate": 0.0}, {"frames": 50, "success_rate": 1.0},
+             {"frames": 100, "success_rate": 1.0}]
+    assert aulc(curve, 100) == pytest.approx(0.75)
+    assert aulc([{"frames": 0, "success_rate": 0.4}, {"frames": 10, "success_rate": 0.4}], 10) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        aulc(curve[::-1], 100)
+    with pytest.raises(ValueError, match="total_frames"):
+        aulc(curve, 0)
+
+
+def test_beats_random_needs_the_whole_seed_interval_above_random():
+    steady = aggregate_seeds([[0.6] * 50 + [0.4] * 50] * 5)  # every seed at 0.5
+    assert beats_random(steady, 0.3) and not beats_random(steady, 0.5)
+    # same mean, but one seed of five fails: the seed-level interval reaches down to random
+    shaky = aggregate_seeds([[1.0] * 100] * 2 + [[0.25] * 100] * 2 + [[0.0] * 100])
+    assert shaky.value == pytest.approx(0.5) and not beats_random(shaky, 0.3)
+    # returns where lower is better (costs)
+    assert beats_random(aggregate_seeds([[-10.0, -11.0]] * 5), -27.0)
+    assert beats_random(aggregate_seeds([[5.0, 6.0]] * 5), 9.0, higher_is_better=False)
+
+
+def test_result_check_needs_target_and_weak_ppo():
+    good, weak = aggregate_seeds([[1.0] * 10] * 5), aggregate_seeds([[0.0] * 10] * 5)
+    half = aggregate_seeds([[1.0] * 5 + [0.0] * 5] * 5)
+    assert result_check({"oracle": good, "llm": weak}, weak, target=0.9, ceiling=0.5) == {
+        "met_llm": False, "met_oracle": True}
+    assert result_check({"oracle": good}, half, target=0.9, ceiling=0.5) == {"met_oracle": False}
+    assert result_check({"oracle": good}, None, target=0.9, ceiling=0.5) == {"met_oracle": False}
+
+
+def test_select_setting_rules():
+    rows = [{"name": "big", "cost": 3, "per_seed": [1.0, 1.0]}, {"name": "mid", "cost": 2, "per_seed": [0.95, 0.9]},
+            {"name": "small", "cost": 1, "per_seed": [1.0, 0.5]}]
+    assert select_setting(rows, target=0.9)["name"] == "mid"  # cheapest with every seed at target
+    assert select_setting(rows)["name"] == "big"  # best mean
+    assert select_setting(rows, target=0.99)["name"] == "big"  # none but big qualifies
+    fallback = select_setting(rows[1:], target=0.99)
+    assert fallback["name"] == "mid" and "no candidate" in fallback["rule"]
+    returns = [{"name": "a", "cost": 1, "per_seed": [-30.0, -28.0]}, {"name": "b", "cost": 1, "per_seed": [-20.0]}]
+    assert select_setting(returns)["name"] == "b"
+    assert select_setting(returns, higher_is_better=False)["name"] == "a"
+    with pytest.raises(ValueError):
+        select_setting([])
+
+
+def test_return_headline_is_seed_level():
+    h = return_headline([[-20.0, -22.0], [-30.0, -28.0], [-25.0]])
+    assert h["return"] == pytest.approx(-25.0) and h["seeds"] == 3 and h["episodes"] == 5
+    assert h["return_lo"] <= h["return"] <= h["return_hi"]
+
+
+def test_teach_params_keep_validation_and_test_levels_apart():
+    from llmrl.config import ParamsError, load_section, read_params
+    from llmrl.config.teach import TeachParams
+
+    from tests.conftest import ROOT
+
+    raw = read_params(ROOT / "params.yaml")
+    p = load_section(raw, "teach", TeachParams)
+    val = range(p.validation.seed, p.validation.seed + p.validation.episodes)
+    test = range(p.eval.seed, p.eval.seed + p.eval.episodes)
+    assert not set(val) & set(test)
+    raw["teach"]["validation"] = {**raw["teach"].get("validation", {}), "seed": p.eval.seed + 10}
+    with pytest.raises(ParamsError, match="overlap"):
+        load_section(raw, "teach", TeachParams)
+
+
+def test_train_grid_student_measures_curve_at_start_and_end():
+    from llmrl.algos.teach_runs import train_grid_student
+    from llmrl.config.teach import TeachTrainParams
+
+    t = TeachTrainParams(envs=["simpledoorkey"], teachers=["oracle"], seeds=[0], curve_points=2,
+                         ppo={"total_frames": 512, "num_envs": 2, "num_steps": 64, "minibatch_size": 64},
+                         distill={"decrement": 2.5, "until_iteration": 3}, student={"channels": [4], "hidden": 8})
+    teacher = TeacherPolicy("doorkey", OraclePlanner("doorkey"), 7)
+    seen = []
+    run = train_grid_student(SIMPLE, teacher, t, 0, measure=lambda agent, frames: {"success_rate": float(frames)},
+                             on_iteration=seen.append, progress=False)
+    assert [c["frames"] for c in run.curve] == [0, 256, 512] and len(seen) == len(run.history) == 4
+    # the schedule's constants: 10, 7.5, 5 (floor not reached), then off from iteration 3
+    assert [h["distill_coef"] for h in run.history] == [10.0, 7.5, 5.0, 0.0]

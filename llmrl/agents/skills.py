@@ -5,7 +5,7 @@ object, pick up, drop, open (toggle), and wait (the original's "do nothing" = pr
 pure function of the observation returning ``(actions or None, finished)`` — all primitives that
 start an equally short path, so the teacher spreads its probability over them; ``plan_actions`` runs a plan's
 steps in order the way the original ``TeacherPolicy.get_action`` does: a finished skill hands over to the
-next step, a skill that cannot act ends the plan with ``wait``.
+next step, a skill that cannot act ends the plan with ``wait``; a step with no skill raises.
 
 MPE (``simple_spread``): ``goto_point_action`` steers towards a relative position with the 5 discrete
 moves.
@@ -156,10 +156,14 @@ SKILLS = {"explore": explore, "go to": go_to, "pick up": pick_up, "drop": drop, 
 def plan_actions(steps: list[Step], view: GridView, objects: dict[str, tuple[int, int]]) -> tuple[int, ...]:
     """The primitives a plan takes now (equally good), running steps in order while they finish without acting.
 
-    An unknown verb, or a "go to" whose object is not in sight, is the original's "do nothing" (wait).
+    A "go to" whose object is not in sight is the original's "do nothing" (wait). An unknown verb is an
+    error here: the planner marks such replies invalid (``llmrl.agents.teacher.validate_plan``), so one
+    reaching the skills is a bug, not a plan (the original silently waited).
     """
     for step in steps:
-        if step.verb not in SKILLS or (step.verb == "go to" and step.obj not in objects):
+        if step.verb not in SKILLS:
+            raise ValueError(f"plan step {step}: verb {step.verb!r} has no skill (valid: {', '.join(SKILLS)})")
+        if step.verb == "go to" and step.obj not in objects:
             return (WAIT,)
         actions, finished = SKILLS[step.verb](view, objects.get(step.obj))
         if actions:

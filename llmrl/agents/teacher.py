@@ -6,12 +6,16 @@
    cached answer serves every colour pair.
 2. ``LLMPlanner`` sends the planner prompt (task description + one worked example + the text) ``n_ask``
    times, parses ``Action: {...}`` out of each reply into a typed ``PlanReply`` (plan / invalid / error),
-   and turns the frequencies of the valid plans into probabilities. Replies go through the foundation's
-   ``CachedBackend`` (a content-addressed ``ReplyCache`` on disk) and every distribution is memoised per
-   text in memory, so a text costs LLM time once per cache. When no reply is valid (or the backend
-   raises) the distribution is the fallback plan ("explore") with the failures counted — never a ``None``
-   plan. The model behind the backend is created lazily (``LazyBackend``): a fully cached or oracle run
-   touches no model.
+   and turns the frequencies of the valid plans into probabilities. A reply is a valid plan only if every
+   step names a known verb of the task and, where the verb takes one, a known object (``validate_plan``);
+   anything else is counted invalid with its reason (the original mediator silently turned such steps into
+   "do nothing"). Replies go through the foundation's ``CachedBackend`` (a content-addressed
+   ``ReplyCache`` on disk) and every distribution is memoised per text in memory, so a text costs LLM time
+   once per cache. When no reply is valid, or the backend reports an LLM fault (``LLM_FAULTS``: HTTP
+   errors, timeouts, lost connections), the distribution is the fallback plan ("explore") with the
+   failures counted — never a ``None`` plan. Any other exception (a programming error, or an offline cache
+   miss ``CacheMissError``) propagates and fails the stage. The model behind the backend is created lazily
+   (``LazyBackend``): a fully cached or oracle run touches no model.
 3. ``OraclePlanner`` answers the same texts with hand-written rules, to separate planner quality from
    distillation quality.
 4. ``TeacherPolicy`` maps each plan through the scripted skills of ``llmrl.agents.skills`` and returns
@@ -35,8 +39,8 @@ import numpy as np
 import torch
 from minigrid.core.constants import IDX_TO_COLOR, OBJECT_TO_IDX
 
-from llmrl.agents.skills import GridView, Step, goto_point_action, parse_step, plan_actions
-from llmrl.llm.backends import Backend
+from llmrl.agents.skills import VERBS, GridView, Step, goto_point_action, parse_step, plan_actions
+from llmrl.llm.backends import Backend, CacheMissError
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, truncate_at_stop
 
 TaskKind = Literal["doorkey", "coloreddoorkey", "twodoor", "simple_spread"]
@@ -169,11 +173,16 @@ def restore_colors(plan: str, back: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class PlanReply:
-    """One LLM reply, typed: a parsed ``plan``, an ``invalid`` reply (no ``Action: {...}``), or an ``error``."""
+    """One LLM reply, typed: a parsed ``plan``, an ``invalid`` reply, or an ``error`` (an LLM fault).
+
+    ``reason`` says why a reply is invalid: ``no_action`` (no non-empty ``Action: {...}``), ``unknown_verb``
+    or ``unknown_object`` (a step the task's vocabulary does not have).
+    """
 
     kind: Literal["plan", "invalid", "error"]
     plan: str  # canonical plan text for kind == "plan", "" otherwise
     raw: str  # the reply text, or the error message
+    reason: str = ""
 
 
 _ACTION_RE = re.compile(r"Actions?\s*:\s*\{([^{}]*)\}", re.IGNORECASE)
@@ -185,16 +194,59 @@ def canonical_plan(body: str) -> str:
     return ", ".join(s for s in steps if s)
 
 
-def parse_reply(text: str) -> PlanReply:
-    """The first ``Action: {...}`` block of a reply as a plan; anything else is invalid."""
+# The object names each task's text uses (ColoredDoorKey: the canonical color1.. aliases the planner sees, and
+# the real colours the skills see after ``restore_colors``).
+_OBJECT_NAMES: dict[TaskKind, tuple[str, ...]] = {
+    "doorkey": ("key", "door"),
+    "coloreddoorkey": tuple(f"{c} {o}" for c in IDX_TO_COLOR.values() for o in ("key", "door")),
+    "twodoor": ("key", "door1", "door2"),
+    "simple_spread": ("landmark 1", "landmark 2", "landmark 3"),
+}
+_PLAN_OBJECTS: dict[TaskKind, tuple[str, ...]] = {
+    **_OBJECT_NAMES,
+    "coloreddoorkey": _OBJECT_NAMES["coloreddoorkey"]
+    + tuple(f"color{i} {o}" for i in range(1, len(IDX_TO_COLOR) + 1) for o in ("key", "door")),
+}
+# The verbs each task's prompt offers; simple_spread's agents only "go to" a landmark.
+PLAN_VERBS: dict[TaskKind, tuple[str, ...]] = {
+    "doorkey": VERBS, "coloreddoorkey": VERBS, "twodoor": VERBS, "simple_spread": ("go to",),
+}
+_NO_OBJECT_VERBS = ("explore",)
+
+
+def validate_plan(plan: str, kind: TaskKind) -> str:
+    """"" if every step of a canonical plan names a known verb of ``kind`` and, unless the verb takes none, a
+    known object; otherwise the reason: ``unknown_verb`` or ``unknown_object``.
+
+    Steps are matched by keyword like the original mediator (``llmrl.agents.skills.parse_step``), so the
+    accepted plans are exactly those whose every step maps onto a skill.
+    """
+    for text in plan.split(","):
+        step = parse_step(text, _PLAN_OBJECTS[kind])
+        if step.verb not in PLAN_VERBS[kind]:
+            return "unknown_verb"
+        if step.verb not in _NO_OBJECT_VERBS and not step.obj:
+            return "unknown_object"
+    return ""
+
+
+def parse_reply(text: str, kind: TaskKind | None = None) -> PlanReply:
+    """The first ``Action: {...}`` block of a reply as a plan; anything else is invalid.
+
+    With ``kind`` the plan must also pass ``validate_plan`` for that task, or the reply is invalid with the
+    reason.
+    """
     match = _ACTION_RE.search(text)
     plan = canonical_plan(match.group(1)) if match else ""
-    return PlanReply("plan", plan, text) if plan else PlanReply("invalid", "", text)
+    if not plan:
+        return PlanReply("invalid", "", text, "no_action")
+    reason = validate_plan(plan, kind) if kind is not None else ""
+    return PlanReply("invalid", "", text, reason) if reason else PlanReply("plan", plan, text)
 
 
 @dataclass(frozen=True)
 class PlanDistribution:
-    """Plans with probabilities for one text, and how many replies were valid, invalid or failed."""
+    """Plans with probabilities for one text, and how many replies were valid, invalid (and why) or failed."""
 
     plans: tuple[str, ...]
     probs: tuple[float, ...]
@@ -202,17 +254,20 @@ class PlanDistribution:
     n_invalid: int = 0
     n_error: int = 0
     fallback: bool = False  # True when no reply was valid and the fallback plan stands in
+    invalid_reasons: tuple[tuple[str, int], ...] = ()  # (reason, count), sorted by reason
 
     @classmethod
     def from_replies(cls, replies: Sequence[PlanReply], fallback_plan: str = FALLBACK_PLAN) -> PlanDistribution:
         counts = Counter(r.plan for r in replies if r.kind == "plan")
+        reasons = tuple(sorted(Counter(r.reason or "no_action" for r in replies if r.kind == "invalid").items()))
         n_invalid = sum(r.kind == "invalid" for r in replies)
         n_error = sum(r.kind == "error" for r in replies)
         n_plan = sum(counts.values())
         if n_plan == 0:
-            return cls((fallback_plan,), (1.0,), 0, n_invalid, n_error, fallback=True)
+            return cls((fallback_plan,), (1.0,), 0, n_invalid, n_error, fallback=True, invalid_reasons=reasons)
         plans = tuple(sorted(counts, key=lambda p: (-counts[p], p)))
-        return cls(plans, tuple(counts[p] / n_plan for p in plans), n_plan, n_invalid, n_error)
+        return cls(plans, tuple(counts[p] / n_plan for p in plans), n_plan, n_invalid, n_error,
+                   invalid_reasons=reasons)
 
 
 class OraclePlanner:
@@ -373,6 +428,25 @@ class SharedPromptBackend:
         return out  # type: ignore[return-value]
 
 
+def llm_fault_types() -> tuple[type[BaseException], ...]:
+    """The exceptions that are LLM faults (the fallback plan stands in): HTTP errors and timeouts of the
+    ``openai`` client (``openai.APIError`` covers status, connection and timeout errors after its own
+    retries), and the builtin ``TimeoutError`` / ``ConnectionError`` of any other transport. A
+    ``CacheMissError`` is not one: an offline run missing a reply is a broken pipeline, not a fault of the LLM.
+    """
+    faults: list[type[BaseException]] = [TimeoutError, ConnectionError]
+    try:
+        import openai
+
+        faults.append(openai.APIError)
+    except ImportError:  # pragma: no cover - openai is a declared dependency
+        pass
+    return tuple(faults)
+
+
+LLM_FAULTS = llm_fault_types()
+
+
 class LLMPlanner:
     """Plans from ``n_ask`` sampled LLM replies per text; see the module docstring.
 
@@ -388,6 +462,9 @@ class LLMPlanner:
                  answer_prefix: str = "", fallback_plan: str = FALLBACK_PLAN):
         if n_ask < 1:
             raise ValueError(f"n_ask: must be >= 1, got {n_ask}")
+        if fallback_plan != FALLBACK_PLAN and validate_plan(canonical_plan(fallback_plan), kind):
+            raise ValueError(f"fallback_plan: {fallback_plan!r} is not a valid {kind} plan "
+                             f"({validate_plan(canonical_plan(fallback_plan), kind)})")
         self.kind = kind
         self.backend = backend
         self.n_ask = n_ask
@@ -410,11 +487,15 @@ class LLMPlanner:
         prompt = self.prompt(text)
         try:
             gens = self.backend.generate([prompt] * self.n_ask, self.sampling)
-            replies = [parse_reply(self.answer_prefix + g.text) for g in gens]
-            rendered = gens[0].prompt if gens else ""
-        except Exception as err:  # a failing LLM is data: every reply of this query is an error record
+        except LLM_FAULTS as err:  # a failing LLM is data: every reply of this query is an error record
             replies = [PlanReply("error", "", f"{type(err).__name__}: {err}")] * self.n_ask
             rendered = ""
+        except CacheMissError as err:  # an offline run whose reply cache lacks this text: fail, naming it
+            raise CacheMissError(f"{err.args[0] if err.args else err} (planner text {text!r}; re-run "
+                                 "teach_plans to fill the reply cache)") from err
+        else:
+            replies = [parse_reply(self.answer_prefix + g.text, self.kind) for g in gens]
+            rendered = gens[0].prompt if gens else ""
         dist = PlanDistribution.from_replies(replies, self.fallback_plan)
         self.memo[text] = dist
         self.records.append({"text": text, "messages": prompt, "rendered_prompt": rendered,
@@ -425,6 +506,9 @@ class LLMPlanner:
         """Reply counts and rates over every text queried so far."""
         n = {k: sum(getattr(d, f"n_{k}") for d in self.memo.values()) for k in ("plan", "invalid", "error")}
         total = sum(n.values())
+        reasons: Counter[str] = Counter()
+        for d in self.memo.values():
+            reasons.update(dict(d.invalid_reasons))
         return {
             "texts": len(self.memo),
             "replies": total,
@@ -434,6 +518,7 @@ class LLMPlanner:
             "invalid_rate": n["invalid"] / total if total else 0.0,
             "error_rate": n["error"] / total if total else 0.0,
             "fallback_texts": sum(d.fallback for d in self.memo.values()),
+            "invalid_reasons": {r: reasons[r] for r in ("no_action", "unknown_verb", "unknown_object")},
         }
 
 
@@ -446,14 +531,6 @@ Planner = OraclePlanner | LLMPlanner
 @functools.lru_cache(maxsize=4096)
 def _plan_steps(plan: str, object_names: tuple[str, ...]) -> tuple[Step, ...]:
     return tuple(parse_step(s, object_names) for s in plan.split(","))
-
-
-_OBJECT_NAMES: dict[TaskKind, tuple[str, ...]] = {
-    "doorkey": ("key", "door"),
-    "coloreddoorkey": tuple(f"{c} {o}" for c in IDX_TO_COLOR.values() for o in ("key", "door")),
-    "twodoor": ("key", "door1", "door2"),
-    "simple_spread": ("landmark 1", "landmark 2", "landmark 3"),
-}
 
 
 def spread_plan_action(steps: Sequence[Step], obs: np.ndarray, objects: dict[str, tuple]) -> int:

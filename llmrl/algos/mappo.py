@@ -66,7 +66,7 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
                 buf["teacher"][t] = teacher(obs.reshape(S, -1))
             obs, reward, done, ended = envs.step(act_into(agent, buf, t, gen).reshape(E, A))
             finished += ended
-            buf["rewards"][t] = reward.reshape(S)
+            buf["rewards"][t] = reward.reshape(S) * cfg.reward_scale
             buf["dones"][t] = np.repeat(done, A)
         frames += T * S
 
@@ -82,6 +82,17 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
         if on_iteration is not None:
             on_iteration(stats)
     return history
+
+
+def greedy_joint_policy(agent: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
+    """The trained shared actor as a joint policy ``obs [A, D] -> actions [A]`` (argmax per agent)."""
+    agent.eval()
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return agent(torch.as_tensor(mappo_inputs(obs[None])[0]))[0].argmax(-1).numpy()
+
+    return act
 
 
 def evaluate_spread(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int, *, n_agents: int = 3,

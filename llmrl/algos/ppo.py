@@ -45,10 +45,12 @@ class PPOConfig:
     gae_lambda: float = 0.95
     advantage: str = "gae"  # "gae" or "mc"
     clip_eps: float = 0.2
+    clip_value: bool = True  # clip the value update to ±clip_eps (as the policy); off for unnormalised returns
     value_coef: float = 0.5
     entropy_coef: float = 0.001
     max_grad_norm: float = 0.5
     norm_adv: bool = True
+    reward_scale: float = 1.0  # rewards are multiplied by this for learning only (reported returns stay raw)
 
     def __post_init__(self) -> None:
         if self.advantage not in ("gae", "mc"):
@@ -92,8 +94,11 @@ def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig, dist
     ratio = (logp - mb["logprobs"]).exp()
     policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
 
-    v_clipped = mb["values"] + (value - mb["values"]).clamp(-cfg.clip_eps, cfg.clip_eps)
-    value_loss = torch.max((value - mb["returns"]).pow(2), (v_clipped - mb["returns"]).pow(2)).mean()
+    if cfg.clip_value:
+        v_clipped = mb["values"] + (value - mb["values"]).clamp(-cfg.clip_eps, cfg.clip_eps)
+        value_loss = torch.max((value - mb["returns"]).pow(2), (v_clipped - mb["returns"]).pow(2)).mean()
+    else:
+        value_loss = (value - mb["returns"]).pow(2).mean()
 
     # Cross-entropy to the teacher: H(π_T, π_θ) = −Σ_a π_T(a|s) log π_θ(a|s).
     distill_loss = -(mb["teacher"] * logp_all).sum(-1).mean() if "teacher" in mb else logits.new_zeros(())
@@ -206,7 +211,7 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
                 buf["teacher"][t] = teacher(next_obs)
             next_obs, reward, term, trunc, infos = envs.step(act_into(agent, buf, t, gen))
             done = term | trunc
-            buf["rewards"][t] = reward
+            buf["rewards"][t] = reward * cfg.reward_scale
             ep_return += reward
             ep_length += 1
             if done.any():

@@ -7,14 +7,13 @@ micro-batches whose gradients are accumulated, so memory does not grow with the 
 
 Every update ends with an atomic checkpoint of everything the next update depends on: trainable weights (LoRA
 adapter or full model, heads), optimizer, RNG states, the environments themselves (pickled, mid-episode), their
-prompt histories and the counters. ``train`` resumes from it, so a killed run ends exactly like an unkilled one.
+prompt histories and the counters, stored with the run identity (`llmrl.checkpoint`). ``train`` resumes from it only
+when the identity matches, so a killed run ends exactly like an unkilled one and a changed run starts afresh.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import pickle
 import random
 import time
@@ -29,7 +28,7 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.llm_policy import History, LLMActorCritic, candidates_for, infer, render
 from llmrl.algos.gae import gae
-from llmrl.io import atomic_path
+from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -52,12 +51,6 @@ class PPOConfig:
     history: int = 3
     max_steps: int | None = None  # cut training episodes: a truncation, its reward gets gamma * V(s_cut)
     seed: int = 0
-
-
-def config_hash(cfg: PPOConfig, extra: dict | None = None) -> str:
-    """Identifies a run, so a checkpoint of other settings is never resumed."""
-    blob = json.dumps({"cfg": asdict(cfg), "extra": extra or {}}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 class EnvSlot:
@@ -89,11 +82,11 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
     gen.set_state(state["sampler"])
 
 
-def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, history, run_id) -> None:
-    with atomic_path(path) as tmp:
-        torch.save({"run_id": run_id, "update": update, "frames": frames, "metrics": history,
-                    "trainable": agent.trainable_state(), "optimizer": optimizer.state_dict(),
-                    "rng": _rng_state(gen), "slots": pickle.dumps(slots)}, tmp)
+def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, history,
+                     identity: RunIdentity) -> None:
+    save_checkpoint(path, {"update": update, "frames": frames, "metrics": history,
+                           "trainable": agent.trainable_state(), "optimizer": optimizer.state_dict(),
+                           "rng": _rng_state(gen), "slots": pickle.dumps(slots)}, identity)
 
 
 def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: torch.Generator) -> dict:
@@ -225,13 +218,16 @@ def train(
     *,
     checkpoint: str | Path | None = None,
     run_extra: dict | None = None,
+    identity: RunIdentity | None = None,
     on_update: Callable[[dict], None] | None = None,
     progress: bool = True,
 ) -> list[dict]:
     """Train ``agent`` with PPO for ``cfg.updates`` updates; resume from ``checkpoint`` if it holds this run.
 
     Returns one metrics dict per update (all updates, resumed ones included). ``on_update`` is called after
-    each update that this call ran, once its checkpoint is on disk.
+    each update that this call ran, once its checkpoint is on disk. ``identity`` (``llmrl.checkpoint.run_identity``:
+    params + input contents + code) decides whether the checkpoint belongs to this run; without one, the config
+    and ``run_extra`` alone identify it.
     """
     if cfg.minibatch_size % cfg.micro_batch:
         raise ValueError(f"ppo_llm: minibatch_size {cfg.minibatch_size} is not a multiple of micro_batch "
@@ -244,18 +240,17 @@ def train(
     if not params:
         raise ValueError("ppo_llm: the agent has no trainable parameters")
     optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps)
-    run_id = config_hash(cfg, run_extra)
+    identity = identity or run_identity({"cfg": asdict(cfg), "extra": run_extra or {}})
     slots = [EnvSlot(make_env(), seed=cfg.seed * 10_000 + i, history=cfg.history) for i in range(cfg.n_envs)]
     update, frames, history = 0, 0, []
     ckpt = Path(checkpoint) if checkpoint else None
-    if ckpt is not None and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
-        if state["run_id"] == run_id:
-            agent.load_trainable_state(state["trainable"])
-            optimizer.load_state_dict(state["optimizer"])
-            _set_rng_state(state["rng"], gen)
-            slots = pickle.loads(state["slots"])
-            update, frames, history = state["update"], state["frames"], state["metrics"]
+    state = load_resumable(ckpt, identity) if ckpt is not None else None
+    if state is not None:
+        agent.load_trainable_state(state["trainable"])
+        optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"], gen)
+        slots = pickle.loads(state["slots"])
+        update, frames, history = state["update"], state["frames"], state["metrics"]
     bar = tqdm(total=cfg.updates, initial=update, desc="ppo_llm", disable=not progress)
     while update < cfg.updates:
         t0 = time.perf_counter()
@@ -273,7 +268,7 @@ def train(
                **stats, "fps": n_frames / (time.perf_counter() - t0), "collect_s": t_collect}
         history.append(row)
         if ckpt is not None:
-            _save_checkpoint(ckpt, agent, optimizer, gen, slots, update, frames, history, run_id)
+            _save_checkpoint(ckpt, agent, optimizer, gen, slots, update, frames, history, identity)
         if on_update is not None:
             on_update(row)
         bar.update(1)

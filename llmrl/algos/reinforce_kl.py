@@ -35,15 +35,18 @@ corrected line the state holds.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from llmrl.agents.math_solver import build_messages, render_state
+from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
 from llmrl.envs.math import MathEnv, discounted_returns
 from llmrl.llm import LLM, SamplingConfig
 from llmrl.llm.prefix import PrefixBatch, generate_shared_prefix, split_prefix, suffix_token_logprobs
@@ -328,6 +331,44 @@ class ReinforceKL:
         self.iteration += 1
         return stats, episodes
 
-    def train(self, progress: bool = True) -> Iterator[tuple[dict, list[MathEpisode]]]:
-        for _ in tqdm(range(self.cfg.iterations), desc="reinforce_kl", disable=not progress):
-            yield self.step()
+    def state_dict(self) -> dict:
+        """Everything the next iteration depends on: weights, reference, optimiser, schedule, every RNG, counter."""
+        return {"iteration": self.iteration, "trainable": self._snapshot(), "ref": [r.clone() for r in self.ref],
+                "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+                "problem_rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for p, w in zip(self.params, state["trainable"], strict=True):
+                p.copy_(w)
+        self.ref = [r.clone() for r in state["ref"]]
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+        self.rng.bit_generator.state = state["problem_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        self.iteration = state["iteration"]
+
+    def train(self, progress: bool = True, *, checkpoint: str | Path | None = None,
+              identity: RunIdentity | None = None) -> Iterator[tuple[dict, list[MathEpisode]]]:
+        """Yield (stats, episodes) per iteration. With ``checkpoint``, every iteration ends with an atomic checkpoint
+        (trainer state plus the iterations so far) stored with the run ``identity`` (``llmrl.checkpoint``; default:
+        the config alone); a checkpoint of the same run is resumed, its finished iterations yielded again first, so a
+        killed run yields exactly what an uninterrupted one does. Any other checkpoint is discarded with a log line."""
+        done: list[tuple[dict, list[MathEpisode]]] = []
+        if checkpoint is not None:
+            identity = identity or run_identity({"cfg": asdict(self.cfg)})
+            state = load_resumable(checkpoint, identity)
+            if state is not None:
+                self.load_state_dict(state["trainer"])
+                done = state["done"]
+        yield from done
+        for _ in tqdm(range(self.iteration, self.cfg.iterations), desc="reinforce_kl", disable=not progress,
+                      initial=self.iteration, total=self.cfg.iterations):
+            out = self.step()
+            done.append(out)
+            if checkpoint is not None:
+                save_checkpoint(checkpoint, {"trainer": self.state_dict(), "done": done}, identity)
+            yield out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmrl.config import Section
 
@@ -42,10 +42,15 @@ class TeachPPOParams(Section):
     gamma: float = Field(0.99, gt=0, le=1, description="discount")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     advantage: Literal["gae", "mc"] = Field("gae", description="gae, or mc (the original's Monte-Carlo returns)")
-    clip_eps: float = Field(0.2, gt=0, description="PPO clip range (policy and value)")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range (policy, and value when clip_value)")
+    clip_value: bool = Field(True, description="clip each value update to ±clip_eps around the rollout's value; "
+                             "with returns of tens (MPE) it caps the critic at 0.2 per iteration")
     value_coef: float = Field(0.5, ge=0, description="value loss weight")
     entropy_coef: float = Field(0.001, ge=0, description="entropy bonus weight (original: 0.001)")
-    max_grad_norm: float = Field(0.5, gt=0, description="gradient norm clip")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient norm clip (actor and critic together)")
+    reward_scale: float = Field(1.0, gt=0, description="rewards are multiplied by this for learning only "
+                                "(returns of tens make the critic's gradient swamp the joint norm clip); "
+                                "reported returns stay raw")
 
 
 class TeachDistillParams(Section):
@@ -85,9 +90,20 @@ class TeachMPEParams(Section):
     distill: TeachDistillParams = TeachDistillParams()
 
 
+class TeachValidationParams(Section):
+    seed: int = Field(300000, ge=0, description="first validation level seed (DoorKey levels; MPE: the episode "
+                      "stream's seed); disjoint from the test levels (eval.seed..), the learning-curve levels "
+                      "(train.curve_seed..) and the training seeds. Every selection of settings scores on these "
+                      "only (bench/teach_select.py), never on the test levels")
+    episodes: int = Field(50, gt=0, description="validation episodes per candidate and tuning seed")
+    selection: str = Field("metrics/teach/selection.json", description="the record of the last selection "
+                           "(candidates, validation scores per tuning seed, the pick); a plain file, not a metric")
+
+
 class TeachEvalParams(Section):
     episodes: int = Field(100, ge=100, description="evaluation episodes per policy, seed and mode (>= 100)")
-    seed: int = Field(200000, ge=0, description="first evaluation level seed; disjoint from training seeds")
+    seed: int = Field(200000, ge=0, description="first evaluation (test) level seed; disjoint from training, "
+                      "learning-curve and validation seeds; never used to select settings")
     success_target: float = Field(0.9, gt=0, le=1, description="student-with-teacher success the result asks for")
     ppo_ceiling: float = Field(0.5, gt=0, le=1, description="pure PPO must stay below this at the same budget")
 
@@ -96,4 +112,17 @@ class TeachParams(Section):
     teacher: TeachTeacherParams = TeachTeacherParams()
     train: TeachTrainParams
     mpe: TeachMPEParams
+    validation: TeachValidationParams = TeachValidationParams()
     eval: TeachEvalParams = TeachEvalParams()
+
+    @model_validator(mode="after")
+    def _levels_disjoint(self) -> TeachParams:
+        """Validation, test and learning-curve level ranges must not overlap (test data never feeds selection)."""
+        ranges = {"validation": (self.validation.seed, self.validation.episodes),
+                  "eval": (self.eval.seed, self.eval.episodes),
+                  "train.curve": (self.train.curve_seed, self.train.curve_episodes)}
+        items = sorted(ranges.items(), key=lambda kv: kv[1][0])
+        for (a, (sa, na)), (b, (sb, _)) in zip(items, items[1:]):
+            if sa + na > sb:
+                raise ValueError(f"teach.{a} levels {sa}..{sa + na - 1} overlap teach.{b} levels from {sb}")
+        return self

@@ -265,8 +265,13 @@ def to_pandas(episodes: Sequence[Episode]):
 
 
 def to_d3rlpy(episodes: Sequence[Episode], observation_keys: Sequence[str] | None = None, *,
-              discrete: bool | None = None):
-    """A d3rlpy ``MDPDataset``: chosen numeric observation keys flattened and concatenated per step."""
+              discrete: bool | None = None, condition=None, action_size: int | None = None):
+    """A d3rlpy ``MDPDataset``: chosen numeric observation keys flattened and concatenated per step.
+
+    ``condition(episode) -> [c]`` (optional) appends one fixed vector to every step of an episode, e.g. an
+    instruction embedding for goal-conditioned policies (KALM). ``action_size`` fixes the number of discrete
+    actions (d3rlpy otherwise infers max action + 1 from the data, which differs between datasets).
+    """
     from d3rlpy.dataset import MDPDataset
 
     if not episodes:
@@ -281,7 +286,11 @@ def to_d3rlpy(episodes: Sequence[Episode], observation_keys: Sequence[str] | Non
         for k in keys:
             if k not in ep.observations or ep.observations[k].dtype == object:
                 raise TrajectoryFormatError(f"to_d3rlpy: observation field {k!r} missing or not numeric")
-        obs.append(np.concatenate([ep.observations[k].reshape(len(ep), -1).astype(np.float32) for k in keys], 1))
+        parts = [ep.observations[k].reshape(len(ep), -1).astype(np.float32) for k in keys]
+        if condition is not None:
+            c = np.asarray(condition(ep), dtype=np.float32).reshape(1, -1)
+            parts.append(np.repeat(c, len(ep), axis=0))
+        obs.append(np.concatenate(parts, 1))
         acts.append(ep.actions)
         rews.append(ep.rewards)
         terms.append(ep.terminated.astype(np.float32))
@@ -301,4 +310,5 @@ def to_d3rlpy(episodes: Sequence[Episode], observation_keys: Sequence[str] | Non
         terminals=np.concatenate(terms),
         timeouts=np.concatenate(touts),
         action_space=ActionSpace.DISCRETE if discrete else ActionSpace.CONTINUOUS,
+        action_size=action_size,
     )

@@ -15,6 +15,7 @@ import numpy as np
 from mpe2 import simple_spread_v3
 
 ENV_ID = "simple_spread_v3"
+N_ACTIONS = 5  # no-op, left, right, down, up
 
 
 def make_spread(n_agents: int = 3, max_cycles: int = 25, local_ratio: float = 0.5):

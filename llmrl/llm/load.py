@@ -41,18 +41,11 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
+from llmrl.config.lora import LoraSettings  # noqa: E402  (re-exported: the LLM layer takes it)
+
+
 class ModelSpecError(ValueError):
     """A model spec that names nothing loadable."""
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA adapter settings passed to peft."""
-
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: tuple[str, ...] | str = "all-linear"
 
 
 @dataclass

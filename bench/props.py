@@ -1,0 +1,98 @@
+"""Benchmark: ProPS search throughput with K lockstep searches batched vs K searches one after another, and
+vectorised policy evaluation vs a plain Python loop.
+
+1. Search iterations per second (one search advancing one iteration = one search-iteration): K = 4 searches of
+   ProPS on MountainCarContinuous with the embedded SmolLM2 (``models/base_llm``; set LLMRL_BENCH_MODEL for
+   another spec), greedy, no re-asks and no reply cache (every call is generated), 10-episode evaluations
+   capped at 200 steps. Batched: ``props_search`` with seeds 0..3 in lockstep (one generate call of 4 prompts
+   per iteration). Sequential: the same four searches, one ``props_search`` call each. Both sides produce the
+   same searches; the sides alternate over REPEATS pairs and the median paired ratio is reported (target >= 2).
+2. Evaluation episodes per second: ``evaluate_params`` (all episodes of all parameter vectors stepped together,
+   one batched policy call per step) vs ``evaluate_params_loop`` (one episode after another) on CartPole, 32
+   random parameter vectors × 10 episodes, capped at 200 steps; returns are checked equal.
+
+Writes bench/results/props.json with every raw timing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "stages"))
+import common  # noqa: E402,F401  (keeps caches under .cache/)
+
+from llmrl.agents.linear_policy import evaluate_params, evaluate_params_loop, policy_for  # noqa: E402
+from llmrl.algos.props_search import build_optimizer_llm, props_search  # noqa: E402
+from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams  # noqa: E402
+from llmrl.fingerprint import environment_fingerprint  # noqa: E402
+from llmrl.io import write_json  # noqa: E402
+
+TARGET = 2.0
+K = 4
+ITERATIONS = int(os.environ.get("LLMRL_BENCH_ITERATIONS", 2))
+REPEATS = int(os.environ.get("LLMRL_BENCH_REPEATS", 2))
+
+
+def search_rate(optimizer, llm_p, search, space) -> dict:
+    seeds = list(range(K))
+    t0 = time.perf_counter()
+    batched = list(props_search("mountaincar_continuous", ["props"], seeds, optimizer, search, space, llm_p))
+    t_batched = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sequential = [r for s in seeds for r in props_search("mountaincar_continuous", ["props"], [s], optimizer, search,
+                                                          space, llm_p)]
+    t_seq = time.perf_counter() - t0
+    same = sorted((r["seed"], r["step"], r["return_mean"]) for r in batched) == \
+        sorted((r["seed"], r["step"], r["return_mean"]) for r in sequential)
+    n = K * ITERATIONS
+    return {"batched_s": t_batched, "sequential_s": t_seq, "batched_it_per_s": n / t_batched,
+            "sequential_it_per_s": n / t_seq, "ratio": t_seq / t_batched, "same_results": same}
+
+
+def main() -> None:
+    spec = os.environ.get("LLMRL_BENCH_MODEL", "models/base_llm")
+    llm_p = PropsLLMParams(spec=spec, max_new_tokens=40, answer_prefix="params[0]:", batch_size=K)
+    search = PropsSearchParams(tasks=["mountaincar_continuous"], iterations=ITERATIONS, episodes_per_eval=10,
+                               max_episode_steps={"mountaincar_continuous": 200}, max_reasks=0,
+                               prompt_token_budget=768)
+    space = PropsSpaceParams()
+    optimizer = build_optimizer_llm(llm_p, cache_dir=None)
+    pairs = [search_rate(optimizer, llm_p, search, space) for _ in range(REPEATS)]
+    ratio = statistics.median(p["ratio"] for p in pairs)
+
+    policy = policy_for("cartpole")
+    params = np.random.default_rng(0).uniform(-6, 6, size=(32, policy.n_params))
+    seeds = list(range(10))
+    t0 = time.perf_counter()
+    vec = evaluate_params("cartpole", params, seeds, max_episode_steps=200)
+    t_vec = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    loop = evaluate_params_loop("cartpole", params, seeds, max_episode_steps=200)
+    t_loop = time.perf_counter() - t0
+    episodes = params.shape[0] * len(seeds)
+    result = {
+        "benchmark": "props", "machine": platform.machine(), "threads": torch.get_num_threads(),
+        "env": environment_fingerprint(), "model": spec,
+        "search": {"K": K, "iterations": ITERATIONS, "repeats": REPEATS, "pairs": pairs, "ratio": ratio,
+                   "target": TARGET, "meets_target": ratio >= TARGET},
+        "evaluation": {"episodes": episodes, "env_steps": int(vec.sum()), "vectorised_s": t_vec, "loop_s": t_loop,
+                       "vectorised_eps_per_s": episodes / t_vec, "loop_eps_per_s": episodes / t_loop,
+                       "ratio": t_loop / t_vec, "returns_equal": bool(np.array_equal(vec, loop))},
+    }
+    write_json(ROOT / "bench" / "results" / "props.json", result)
+    print(f"search: batched {pairs[-1]['batched_it_per_s']:.3f} it/s vs sequential "
+          f"{pairs[-1]['sequential_it_per_s']:.3f} it/s, median ratio {ratio:.2f}x (target {TARGET}x)")
+    print(f"evaluation: {episodes / t_vec:.0f} vs {episodes / t_loop:.0f} episodes/s, ratio {t_loop / t_vec:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

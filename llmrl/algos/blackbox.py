@@ -1,0 +1,123 @@
+"""Black-box baselines for ProPS at the same episode budget: uniform random search and the cross-entropy method.
+
+Both search the same parameter space (``props.space``) for the same policy family and spend the same number of
+episodes per seed as a ProPS search (``iterations × episodes_per_eval``); every episode counts.
+
+- Random search: each iteration draws one uniform point and scores it over ``episodes_per_eval`` episodes on the
+  very episode seeds ProPS uses at that iteration (common random numbers); the final policy is the best point.
+- CEM: a diagonal Gaussian (mean at the range centre, ``init_std``) samples ``population`` candidates per
+  generation, each scored over ``episodes_per_candidate`` episodes; the best ``elite_frac`` refit mean and std
+  (std floored at ``min_std``, samples clipped to the range). Generations run while the budget allows; the final
+  policy is the distribution mean. Its ``best_return`` is the best candidate's mean over its few episodes, an
+  optimistic figure: compare methods on the held-out evaluation of their final policies.
+
+Several seeds advance in lockstep so their episodes are evaluated in one batch. Rows use ProPS's vocabulary
+(``step``, ``episodes``, ``return_mean``, ``best_return``, ``seconds``), one per seed per iteration/generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmrl.agents.linear_policy import ParamEvaluator
+from llmrl.algos.props_search import SEED_STRIDE, episode_seeds, random_point
+from llmrl.config.props import CEMParams, PropsSearchParams, PropsSpaceParams
+from llmrl.envs.control import ControlTask, get_task
+
+
+@dataclass
+class BlackboxState:
+    method: str
+    seed: int
+    rng: np.random.Generator
+    best_params: np.ndarray | None = None
+    best_return: float = -np.inf
+    final_params: np.ndarray | None = None
+    episodes: int = 0
+
+
+def random_search(
+    task: str | ControlTask,
+    seeds: Sequence[int],
+    search: PropsSearchParams,
+    space: PropsSpaceParams,
+    *,
+    states_out: list[BlackboxState] | None = None,
+) -> Iterator[dict]:
+    t = task if isinstance(task, ControlTask) else get_task(task)
+    ev = ParamEvaluator(t, max_episode_steps=search.max_episode_steps.get(t.key))
+    n = ev.policy.n_params
+    states = [BlackboxState("random_search", s, np.random.default_rng([s, 104729])) for s in seeds]
+    if states_out is not None:
+        states_out.extend(states)
+    try:
+        for it in range(1, search.iterations + 1):
+            t0 = time.perf_counter()
+            points = np.stack([random_point(st.rng, n, space) for st in states])
+            seed_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
+            means = ev.returns(points, seed_mat).mean(axis=1)
+            seconds = time.perf_counter() - t0
+            for st, x, m in zip(states, points, means):
+                st.episodes += search.episodes_per_eval
+                if m > st.best_return:
+                    st.best_return, st.best_params = float(m), x
+                st.final_params = st.best_params
+                yield {"task": t.key, "method": st.method, "seed": st.seed, "step": it, "episodes": st.episodes,
+                       "return_mean": float(m), "best_return": st.best_return, "seconds": seconds}
+    finally:
+        ev.close()
+
+
+def cem(
+    task: str | ControlTask,
+    seeds: Sequence[int],
+    search: PropsSearchParams,
+    space: PropsSpaceParams,
+    p: CEMParams,
+    *,
+    states_out: list[BlackboxState] | None = None,
+) -> Iterator[dict]:
+    t = task if isinstance(task, ControlTask) else get_task(task)
+    ev = ParamEvaluator(t, max_episode_steps=search.max_episode_steps.get(t.key))
+    n = ev.policy.n_params
+    budget = search.iterations * search.episodes_per_eval
+    per_gen = p.population * p.episodes_per_candidate
+    if per_gen > budget:
+        raise ValueError(f"props.baselines.cem: one generation needs {per_gen} episodes, the budget is {budget}")
+    n_elite = max(1, int(round(p.elite_frac * p.population)))
+    states = [BlackboxState("cem", s, np.random.default_rng([s, 15485863])) for s in seeds]
+    if states_out is not None:
+        states_out.extend(states)
+    centre = (space.low + space.high) / 2
+    mean = np.full((len(states), n), centre)
+    std = np.full((len(states), n), p.init_std)
+    try:
+        gen = 0
+        while states[0].episodes + per_gen <= budget:
+            gen += 1
+            t0 = time.perf_counter()
+            cands = np.stack([np.clip(st.rng.normal(mean[k], std[k], size=(p.population, n)), space.low, space.high)
+                              for k, st in enumerate(states)])  # (S, pop, n)
+            seed_mat = np.stack([
+                (st.seed * SEED_STRIDE + st.episodes + np.arange(per_gen)).reshape(p.population, -1)
+                for st in states])  # (S, pop, epc): consecutive fresh episode seeds of each search seed
+            scores = ev.returns(cands.reshape(-1, n), seed_mat.reshape(-1, p.episodes_per_candidate)).mean(axis=1)
+            scores = scores.reshape(len(states), p.population)
+            seconds = time.perf_counter() - t0
+            for k, st in enumerate(states):
+                elite = cands[k][np.argsort(-scores[k], kind="stable")[:n_elite]]
+                mean[k] = elite.mean(axis=0)
+                std[k] = np.maximum(elite.std(axis=0), p.min_std)
+                st.episodes += per_gen
+                top = int(np.argmax(scores[k]))
+                if scores[k][top] > st.best_return:
+                    st.best_return, st.best_params = float(scores[k][top]), cands[k][top]
+                st.final_params = mean[k].copy()
+                yield {"task": t.key, "method": st.method, "seed": st.seed, "step": gen, "episodes": st.episodes,
+                       "return_mean": float(scores[k].mean()), "best_return": st.best_return, "seconds": seconds}
+    finally:
+        ev.close()

@@ -1,0 +1,283 @@
+"""TRL's GRPO with a LoRA adapter, for any data set of chat prompts and any reward functions.
+
+``build_grpo_trainer(llm, dataset, reward_funcs, cfg, output_dir)`` returns a ``GRPORun``: the
+``trl.GRPOTrainer`` and the number of prompts cut to ``cfg.max_prompt_tokens``. ``train(run)`` runs it and yields
+one metrics row per optimiser step in the project's vocabulary (``step``, ``loss``, ``lr``, ``entropy``,
+``approx_kl``, ``reward_mean``, ``reward_<function>``, ...). ``save_adapter`` writes the adapter so that the
+same tensors give the same bytes on every machine.
+
+What this adds to TRL, and why:
+- TRL 1.16 has no ``max_prompt_length``: ``truncate_prompts`` measures each prompt with the model's own tokenizer
+  after the chat template, exactly as the trainer will tokenise it, and cuts the start of the last message
+  (the old TRL cut the start of the prompt, which for a chat would drop the template's own tokens).
+- TRL 1.16 turns ``bf16`` and ``gradient_checkpointing`` on by default: both are decided here (bf16 only where
+  the device has it, checkpointing only when asked).
+- The defaults that matter (``learning_rate``, ``loss_type``, ``beta``) are always passed explicitly.
+- TRL's ``train()`` returns only at the end; ``train`` turns its log calls into a stream of rows.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llmrl.config.grpo import GRPOTrainParams
+from llmrl.io import atomic_path
+from llmrl.llm.load import LLM, LoraSettings
+
+RewardFunc = Callable[..., list[float]]
+
+
+def completion_text(completion) -> str:
+    """TRL passes conversational completions as a list of messages, plain ones as a string."""
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+
+def prompt_token_count(tokenizer, prompt: str | list[dict]) -> int:
+    """Tokens the trainer will feed for ``prompt``: the chat template with the generation prompt for a chat,
+    the plain text otherwise (TRL tokenises plain prompts as they are)."""
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return len(ids["input_ids"])
+
+
+def truncate_prompt(tokenizer, prompt: str | list[dict], max_tokens: int) -> tuple[str | list[dict], bool]:
+    """``prompt`` cut to at most ``max_tokens`` tokens by dropping the start of its last message (of the text
+    for a plain prompt); returns the prompt and whether it was cut. The template and the earlier messages stay.
+
+    Raises ``ValueError`` naming ``max_prompt_tokens`` when even an empty last message does not fit.
+    """
+    total = prompt_token_count(tokenizer, prompt)
+    if total <= max_tokens:
+        return prompt, False
+    content = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+
+    def with_content(text: str):
+        return text if isinstance(prompt, str) else [*prompt[:-1], {**prompt[-1], "content": text}]
+
+    keep = len(ids) - (total - max_tokens)
+    # Re-tokenising decoded text can merge or split tokens at the cut: shorten until the prompt fits.
+    while keep > 0:
+        cut = with_content(tokenizer.decode(ids[len(ids) - keep:], skip_special_tokens=False))
+        if prompt_token_count(tokenizer, cut) <= max_tokens:
+            return cut, True
+        keep -= 1
+    raise ValueError(f"max_prompt_tokens={max_tokens} is smaller than the prompt's fixed part "
+                     f"({prompt_token_count(tokenizer, with_content(''))} tokens with an empty last message)")
+
+
+def truncate_prompts(dataset, tokenizer, max_tokens: int | None):
+    """The data set with every ``prompt`` cut to ``max_tokens`` and the number of prompts that were cut."""
+    if max_tokens is None:
+        return dataset, 0
+    cut = [truncate_prompt(tokenizer, p, max_tokens) for p in dataset["prompt"]]
+    n_cut = sum(was_cut for _, was_cut in cut)
+    if n_cut:
+        dataset = dataset.map(lambda _, i: {"prompt": cut[i][0]}, with_indices=True)
+    return dataset, n_cut
+
+
+def recording(reward_funcs: Sequence[RewardFunc], record: list[dict], keys: Sequence[str] = ()) -> list[RewardFunc]:
+    """The same reward functions (same names, same values), also appending one row per completion to ``record``:
+    the optimiser step, the dataset columns named in ``keys``, the completion text and every function's reward
+    (LLM outputs are data). TRL calls the functions one after another on the same batch; the last one writes.
+    """
+    funcs = list(reward_funcs)
+    batch: dict[str, list[float]] = {}
+
+    def wrap(fn: RewardFunc, last: bool) -> RewardFunc:
+        def reward(*args, completions, trainer_state=None, **kwargs):
+            out = fn(*args, completions=completions, trainer_state=trainer_state, **kwargs)
+            batch[fn.__name__] = out
+            if last:
+                step = trainer_state.global_step if trainer_state is not None else None
+                for i, c in enumerate(completions):
+                    record.append({"step": step, **{k: kwargs[k][i] for k in keys},
+                                   "completion": completion_text(c),
+                                   **{f"reward_{name}": values[i] for name, values in batch.items()}})
+                batch.clear()
+            return out
+
+        reward.__name__ = fn.__name__
+        reward.__doc__ = fn.__doc__
+        return reward
+
+    return [wrap(fn, i == len(funcs) - 1) for i, fn in enumerate(funcs)]
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+
+
+def peft_lora_config(lora: LoraSettings):
+    from peft import LoraConfig
+
+    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
+                      task_type="CAUSAL_LM")
+
+
+def use_bf16(cfg: GRPOTrainParams, device: torch.device) -> bool:
+    """bf16 only where it is wished and the device has it: CUDA with bf16 support, never the CPU."""
+    return cfg.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+@dataclass
+class GRPORun:
+    trainer: object  # trl.GRPOTrainer (imported lazily: trl is slow to import)
+    truncated_prompts: int
+    prompts: int
+
+
+def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[RewardFunc], cfg: GRPOTrainParams,
+                       output_dir: str | os.PathLike) -> GRPORun:
+    """A ``trl.GRPOTrainer`` over ``dataset`` (a ``datasets.Dataset`` with a ``prompt`` column of chats or
+    strings; every other column reaches the reward functions as a keyword argument).
+
+    ``llm.model`` must be plain (no peft adapter): TRL attaches ``cfg.lora`` itself. TRL writes nothing but
+    ``output_dir`` (no checkpoints, no report_to); the caller removes it.
+    """
+    from transformers import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    if llm.model.__class__.__name__.startswith("Peft"):
+        raise ValueError("build_grpo_trainer: llm.model already carries a peft adapter; pass the plain model")
+    dataset, n_cut = truncate_prompts(dataset, llm.tokenizer, cfg.max_prompt_tokens)
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        learning_rate=cfg.learning_rate,
+        loss_type=cfg.loss_type,
+        beta=cfg.beta,
+        num_iterations=cfg.num_iterations,
+        epsilon=cfg.epsilon,
+        scale_rewards=cfg.scale_rewards,
+        reward_weights=cfg.reward_weights,
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        steps_per_generation=cfg.steps_per_generation,
+        max_steps=cfg.max_steps or -1,
+        num_train_epochs=cfg.num_train_epochs,
+        max_completion_length=cfg.max_completion_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        max_grad_norm=cfg.max_grad_norm,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        bf16=use_bf16(cfg, llm.device),
+        # transformers 5 renamed gradient_checkpointing (TRL's default: on); the new name silences the deprecation
+        activation_checkpointing=cfg.gradient_checkpointing,
+        use_cpu=llm.device.type == "cpu",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=llm.model,
+        reward_funcs=list(reward_funcs) if isinstance(reward_funcs, Sequence) else reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=llm.tokenizer,
+        peft_config=peft_lora_config(cfg.lora) if cfg.lora is not None else None,
+    )
+    trainer.remove_callback(PrinterCallback)  # rows reach the caller through train(); no prints of raw logs
+    return GRPORun(trainer=trainer, truncated_prompts=n_cut, prompts=len(dataset))
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+# TRL's log keys -> the project's metric names (rewards/<name>/mean becomes reward_<name>).
+_RENAMES = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "entropy": "entropy",
+            "kl": "approx_kl", "reward": "reward_mean", "reward_std": "reward_std",
+            "frac_reward_zero_std": "frac_reward_zero_std", "completions/mean_length": "completion_length",
+            "completions/clipped_ratio": "completion_clipped", "clip_ratio/region_mean": "clip_fraction",
+            "step_time": "step_time"}
+
+
+def metrics_row(step: int, logs: dict) -> dict:
+    """One TRL log record in the project's vocabulary; reward keys only on steps that generated."""
+    row: dict = {"step": step}
+    for key, value in logs.items():
+        if value is None:
+            continue
+        if key in _RENAMES:
+            row[_RENAMES[key]] = float(value)
+        elif key.startswith("rewards/") and key.endswith("/mean"):
+            row["reward_" + key[len("rewards/"):-len("/mean")]] = float(value)
+    return row
+
+
+def train(run: GRPORun) -> Iterator[dict]:
+    """Run the trainer, yielding one metrics row per optimiser step as TRL logs it.
+
+    TRL's ``train()`` only returns at the end, so it runs in a worker thread and its ``on_log`` callback hands
+    the rows over; an exception in training is re-raised here.
+    """
+    from transformers import TrainerCallback
+
+    rows: queue.Queue = queue.Queue()
+    done = object()
+
+    class _Rows(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs and "train_runtime" not in logs:
+                rows.put(metrics_row(state.global_step, logs))
+
+    failure: list[BaseException] = []
+
+    def work():
+        try:
+            run.trainer.train()
+        except BaseException as err:  # noqa: BLE001 - handed to the consuming thread
+            failure.append(err)
+        finally:
+            rows.put(done)
+
+    callback = _Rows()
+    run.trainer.add_callback(callback)
+    worker = threading.Thread(target=work, name="grpo-train", daemon=True)
+    worker.start()
+    try:
+        while (row := rows.get()) is not done:
+            yield row
+    finally:
+        worker.join()
+        run.trainer.remove_callback(callback)
+    if failure:
+        raise failure[0]
+
+
+def save_adapter(model, folder: str | os.PathLike, *, base_model: str) -> None:
+    """Write a peft model's adapter to ``folder`` atomically, byte-stable across machines and runs.
+
+    peft records the base model's path (this clone's absolute path) and keeps target modules in a set (order
+    varies with the hash seed): the base model is named as given (``base_model``, e.g. the params value) and the
+    modules are sorted before writing. Embedding layers are never saved: the adapters here do not train them, and
+    peft's "auto" check compares the vocabulary with a config it loads from ``base_model``.
+    """
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        raise ValueError("save_adapter: the model carries no peft adapter")
+    for cfg in configs.values():
+        cfg.base_model_name_or_path = base_model
+        if isinstance(cfg.target_modules, set):
+            cfg.target_modules = sorted(cfg.target_modules)
+    # peft's model card reads the name from both (its tags from the attribute set when the model was loaded)
+    model.base_model.model.config._name_or_path = base_model
+    model.base_model.model.name_or_path = base_model
+    with atomic_path(Path(folder), is_dir=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
+        for f in tmp.iterdir():
+            f.chmod(0o644)  # safetensors creates its file owner-only; published outputs get the usual permissions

@@ -1,0 +1,166 @@
+"""KALM's grounding fine-tune: four supervised patterns over real trajectories, one weighted loss.
+
+Patterns (KALM, arXiv 2404.09248, Sec. 4.1), each a token sequence with vector slots (``llmrl.llm.grounded``):
+1. instruction -> trajectory: ``Instruction: <text>\\nTrajectory: # s0 @ a0 # s1 @ a1 ... # sK``
+   (L_act on every a_t, predicted at s_t; L_obs on every s_{t+1}, predicted at a_t);
+2. (s, a) -> s': ``Predict the next state: # s @ a ^ s'`` (L_obs on s');
+3. (s0, instruction) -> final state: ``Instruction: <text>\\nInitial state: # s0 Final state: ^ s_T`` (L_obs on s_T);
+4. trajectory -> instruction: ``Trajectory: # s0 @ a0 ... # sT\\nInstruction: <text><eos>`` (L_token on the text).
+Loss = obs_weight * L_obs + act_weight * L_act + token_weight * L_token (KALM: 0.5, 0.5, 1.0), each term a mean
+over its own targets in the batch. Written by hand (not trl's SFTTrainer) because the inputs are mixed token/vector
+embeddings with two regression heads, which trl's collators and losses do not model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from llmrl.config.kalm import KalmGroundParams
+from llmrl.data.trajectories import Episode
+from llmrl.llm.grounded import GroundedLM, TokenSequence, collate, trajectory_prompt
+
+PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
+
+
+def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(obs [T, d], actions [T(, A)], next_obs [T, d]) of one real or imagined episode."""
+    return ep.observations["obs"], ep.actions, ep.observations["next_obs"]
+
+
+def build_samples(model: GroundedLM, episodes: Sequence[Episode], p: KalmGroundParams,
+                  rng: np.random.Generator) -> dict[str, list[TokenSequence]]:
+    """The four patterns' samples drawn from ``episodes`` (counts from params; episodes drawn uniformly)."""
+    if not episodes:
+        raise ValueError("build_samples: no episodes")
+    b = model.builder
+    out: dict[str, list[TokenSequence]] = {k: [] for k in PATTERNS}
+    counts = {"trajectory": p.trajectory_samples, "dynamics": p.dynamics_samples, "goal": p.goal_samples,
+              "reverse": p.reverse_samples}
+    for pattern, n in counts.items():
+        for _ in range(n):
+            ep = episodes[int(rng.integers(len(episodes)))]
+            obs, act, nxt = episode_arrays(ep)
+            T = len(obs)
+            if pattern == "trajectory":
+                start = 0 if rng.random() < p.start_prob else int(rng.integers(T))
+                stop = min(T, start + p.window)
+                b.text(trajectory_prompt(ep.mission))
+                for t in range(start, stop):
+                    b.state(obs[t], target=t > start).action(act[t], target=True)
+                b.state(nxt[stop - 1], target=True)
+            elif pattern == "dynamics":
+                t = int(rng.integers(T))
+                b.text("Predict the next state:").state(obs[t]).action(act[t]).state(nxt[t], target=True,
+                                                                                      marker="target")
+            elif pattern == "goal":
+                b.text(f"Instruction: {ep.mission}\nInitial state:").state(obs[0]).text(" Final state:")
+                b.state(nxt[-1], target=True, marker="target")
+            else:
+                keep = np.unique(np.linspace(0, T - 1, min(T, p.reverse_states)).round().astype(int))
+                b.text("Trajectory:")
+                for t in keep:
+                    b.state(obs[t]).action(act[t])
+                b.state(nxt[-1]).text("\nInstruction:").text(" " + ep.mission, target=True).eos(target=True)
+            out[pattern].append(b.build())
+    return out
+
+
+def weighted_loss(losses: dict[str, torch.Tensor], p: KalmGroundParams) -> torch.Tensor:
+    return p.obs_weight * losses["obs_loss"] + p.act_weight * losses["act_loss"] + p.token_weight * losses["token_loss"]
+
+
+def autocast_dtype(p: KalmGroundParams) -> torch.dtype:
+    """bf16 where asked and the CPU runs it natively (ATen's AVX-512/AMX level), else fp32."""
+    if not p.bf16_autocast:
+        return torch.float32
+    if torch.cuda.is_available():
+        return torch.bfloat16
+    level = torch.backends.cpu.get_cpu_capability()
+    return torch.bfloat16 if "AVX512" in level.upper() else torch.float32
+
+
+def _autocast(dtype: torch.dtype, device: torch.device):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate_losses(model: GroundedLM, samples: dict[str, list[TokenSequence]], p: KalmGroundParams,
+                    batch_size: int = 32) -> dict[str, float]:
+    """Losses per pattern (``<pattern>/<term>``), each term's mean over the patterns carrying it, and the
+    weighted total of those means."""
+    model.eval()
+    dtype = autocast_dtype(p)
+    pad = model.llm.tokenizer.pad_token_id
+    result: dict[str, float] = {}
+    per_term: dict[str, list[float]] = {"obs_loss": [], "act_loss": [], "token_loss": []}
+    for pattern, seqs in samples.items():
+        if not seqs:
+            continue
+        acc: dict[str, float] = {}
+        for i in range(0, len(seqs), batch_size):
+            chunk = seqs[i:i + batch_size]
+            with _autocast(dtype, model.llm.device):
+                losses = model.losses(collate(chunk, pad))
+            for k, v in losses.items():
+                acc[k] = acc.get(k, 0.0) + float(v) * len(chunk)
+        for k, v in acc.items():
+            if v:
+                result[f"{pattern}/{k}"] = round(v / len(seqs), 5)
+                per_term[k].append(v / len(seqs))
+    # a term's figure is the mean over the patterns that carry it (patterns weigh equally, whatever their counts)
+    totals = {k: float(np.mean(v)) if v else 0.0 for k, v in per_term.items()}
+    result.update({k: round(v, 5) for k, v in totals.items()})
+    result["loss"] = round(p.obs_weight * totals["obs_loss"] + p.act_weight * totals["act_loss"]
+                           + p.token_weight * totals["token_loss"], 5)
+    return result
+
+
+def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], p: KalmGroundParams,
+                    rng: np.random.Generator) -> Iterator[dict]:
+    """SFT on the mixed patterns; yields one metrics row per update.
+
+    Row: step, loss, obs_loss, act_loss, token_loss, lr, autocast (dtype name). Batches are drawn from all
+    patterns pooled, in a seeded order (an epoch-style permutation, reshuffled when exhausted).
+    """
+    pool = [s for k in PATTERNS for s in samples.get(k, [])]
+    if not pool:
+        raise ValueError("train_grounding: no samples")
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
+
+    def schedule(step: int) -> float:
+        if step < p.warmup:
+            return (step + 1) / (p.warmup + 1)
+        return max(0.0, 1 - (step - p.warmup) / max(1, p.steps - p.warmup))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    dtype = autocast_dtype(p)
+    pad = model.llm.tokenizer.pad_token_id
+    order = rng.permutation(len(pool))
+    cursor = 0
+    for step in range(p.steps):
+        if cursor + p.batch_size > len(order):
+            order, cursor = rng.permutation(len(pool)), 0
+        batch = [pool[i] for i in order[cursor:cursor + p.batch_size]]
+        cursor += p.batch_size
+        model.train()
+        with _autocast(dtype, model.llm.device):
+            losses = model.losses(collate(batch, pad))
+        loss = weighted_loss(losses, p)
+        if not math.isfinite(float(loss)):
+            raise FloatingPointError(f"grounding loss is {float(loss)} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+        yield {"step": step + 1, "loss": float(loss), **{k: float(v) for k, v in losses.items()}, "lr": lr,
+               "autocast": str(dtype).removeprefix("torch.")}

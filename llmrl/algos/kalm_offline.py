@@ -1,0 +1,113 @@
+"""KALM's offline RL: d3rlpy on real (and imagined) episodes, the policy input = observation + instruction embedding.
+
+Dataset: each step's input is the observation (``observations["obs"]``) followed by the frozen embedding of the
+episode's instruction (``llmrl.llm.embed.EmbeddingTable``), built through ``llmrl.data.trajectories.to_d3rlpy``,
+which flags every episode's end (d3rlpy silently drops the steps after an episode's last terminal/timeout flag).
+The mixed dataset is all real episodes plus imagined ones drawn in a seeded order (repeated when too few) until
+imagined transitions make up ``mix_ratio`` of the total (``mix_episodes``; the realised share is reported).
+
+Training runs d3rlpy's own loop (``fitter``) with its config class from ``OfflineAlgo.d3rlpy_config()``:
+``NoopAdapterFactory`` (no log folders), d3rlpy's structlog filtered to warnings, ``d3rlpy.seed`` and a fixed
+torch thread count. ``train_offline`` yields one metrics row per ``log_every`` updates (d3rlpy's epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmrl.config.kalm import OfflineAlgo
+from llmrl.data.trajectories import Episode, to_d3rlpy
+from llmrl.envs import kalm_levels as kl
+from llmrl.data.embeddings import EmbeddingTable
+
+
+def quiet_d3rlpy() -> None:
+    """d3rlpy logs every epoch through structlog at INFO: keep warnings and errors only."""
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+@dataclass
+class MixStats:
+    real_steps: int
+    imagined_steps: int
+    imagined_episodes: int
+
+    @property
+    def imagined_share(self) -> float:
+        total = self.real_steps + self.imagined_steps
+        return self.imagined_steps / total if total else 0.0
+
+
+def mix_episodes(real: Sequence[Episode], imagined: Sequence[Episode], mix_ratio: float, seed: int
+                 ) -> tuple[list[Episode], MixStats]:
+    """Real episodes plus imagined ones until imagined steps are ``mix_ratio`` of all steps.
+
+    Imagined episodes are taken in a seeded random order, cycling when all are used; the last one added is the
+    one that brings the share closest to ``mix_ratio``, so the realised share is within half an imagined episode's
+    length of the target.
+    """
+    if not 0 < mix_ratio < 1:
+        raise ValueError(f"mix_ratio must be in (0, 1), got {mix_ratio}")
+    if not imagined:
+        raise ValueError("mix_episodes: no imagined episodes to mix in")
+    real_steps = sum(len(e) for e in real)
+    target = mix_ratio / (1 - mix_ratio) * real_steps
+    rng = np.random.default_rng(seed)
+    chosen: list[Episode] = []
+    steps = 0
+    order: list[int] = []
+    while True:
+        if not order:
+            order = list(rng.permutation(len(imagined)))
+        ep = imagined[order.pop(0)]
+        if abs(steps + len(ep) - target) >= abs(steps - target):
+            break
+        chosen.append(ep)
+        steps += len(ep)
+    return list(real) + chosen, MixStats(real_steps, steps, len(chosen))
+
+
+def build_dataset(episodes: Sequence[Episode], table: EmbeddingTable, benchmark: str):
+    """d3rlpy ``MDPDataset`` of obs ⊕ instruction embedding; wrong observation sizes raise ``ObservationSizeError``."""
+    for ep in episodes:
+        kl.check_obs(benchmark, ep.observations["obs"], f"episode {ep.env_id!r} seed {ep.seed} observations/obs")
+    quiet_d3rlpy()
+    spec = kl.action_spec(benchmark)
+    return to_d3rlpy(episodes, ["obs"], discrete=spec.discrete, condition=lambda ep: table.get(ep.mission),
+                     action_size=spec.n)
+
+
+def make_learnable(algo: OfflineAlgo, seed: int, threads: int = 1):
+    """A fresh d3rlpy algorithm from our config, seeded, on CPU with ``threads`` torch threads."""
+    import d3rlpy
+    import torch
+
+    quiet_d3rlpy()
+    torch.set_num_threads(threads)
+    d3rlpy.seed(seed)
+    return algo.d3rlpy_config().create(device=False)
+
+
+def train_offline(learnable, dataset, steps: int, log_every: int) -> Iterator[dict[str, Any]]:
+    """Run d3rlpy's training loop; yield a row per ``log_every`` updates (losses, updates/s)."""
+    from d3rlpy.logging import NoopAdapterFactory
+
+    start = time.perf_counter()
+    for epoch, metrics in learnable.fitter(dataset, n_steps=steps, n_steps_per_epoch=min(log_every, steps),
+                                           logger_adapter=NoopAdapterFactory(), show_progress=False,
+                                           save_interval=10**9, with_timestamp=False):
+        done = min(epoch * min(log_every, steps), steps)
+        elapsed = time.perf_counter() - start
+        row = {"step": done, "updates_per_s": round(done / elapsed, 2) if elapsed else 0.0}
+        for key, value in metrics.items():
+            if key.endswith("_loss") or key == "loss":
+                row["loss" if key == "loss" else key] = float(value)
+        yield row

@@ -1,0 +1,316 @@
+"""ProPS: an LLM proposes policy parameters from the history of (parameters, mean return); no gradient step.
+
+Per iteration, for K independent searches (seeds × methods) advancing in lockstep:
+1. render each search's prompt (``props_prompts.render_search_prompt``) from its history, dropping the
+   oldest entries until the prompt fits ``prompt_token_budget`` tokens of the model's own tokenizer with the
+   chat template applied;
+2. ask the LLM for all K prompts in one batched call (the chat template is always applied: ``generate``/the
+   chat endpoint do it);
+3. parse each reply strictly (``parse_reply``); a search whose reply is unusable gets its reply and a
+   correction message appended to its conversation and is re-asked (all such searches again in one batch),
+   up to ``max_reasks`` times;
+4. a search still without a proposal, or whose LLM call failed (HTTP error, timeout, connection: an
+   ``LLM_FAULTS`` exception), proposes the fallback: a uniform random point of the parameter space from the
+   search's own generator. A programming error, or an offline reply-cache miss, is not a fault and raises;
+5. all K proposals are evaluated together, each over ``episodes_per_eval`` episodes (``ParamEvaluator``),
+   and appended to their histories.
+
+Every prompt, reply, parse result, re-ask, fault and fallback is recorded in ``SearchState.records``.
+``props_search`` yields one metrics row per search per iteration with the shared vocabulary (``step``,
+``episodes``, ``return_mean``) and ProPS's own (``best_return``, ``llm_calls``, ``tokens``, ``reasks``,
+``parse_failures``, ``duplicates``, ``faults``, ``fallbacks``, ``seconds``), counters cumulative.
+
+Episode seeds: search seed s, iteration i (1-based), episode e uses ``s * 1_000_000 + (i - 1) * E + e``; every
+method uses the same episode seeds for the same search seed (common random numbers). Held-out evaluation seeds
+start at ``eval_seed`` (10,000,000 by default), disjoint from them (checked).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from llmrl.agents.linear_policy import ParamEvaluator
+from llmrl.algos.props_prompts import (
+    PromptSettings,
+    chat_token_counter,
+    parse_reply,
+    render_correction,
+    render_search_prompt,
+    trim_history,
+)
+from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
+from llmrl.envs.control import ControlTask, get_task
+from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, OpenAIChatBackend, ReplyCache
+from llmrl.llm.generate import SamplingConfig
+
+SEED_STRIDE = 1_000_000
+TEMPLATES = {"props": "numeric", "props_plus": "semantic"}
+
+
+def _llm_faults() -> tuple[type[BaseException], ...]:
+    """Exceptions that are faults of the LLM service, not of this program: they take the fallback."""
+    faults: list[type[BaseException]] = [TimeoutError, ConnectionError]
+    try:
+        import openai
+
+        # APIError covers APIStatusError (4xx/5xx, incl. refusals by policy), APIConnectionError, APITimeoutError.
+        faults.append(openai.APIError)
+    except ImportError:  # pragma: no cover - openai is a declared dependency
+        pass
+    try:
+        import httpx
+
+        faults.append(httpx.HTTPError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(faults)
+
+
+LLM_FAULTS = _llm_faults()
+
+
+@dataclass
+class SearchState:
+    """One search: its history, best point, counters and the record of every exchange."""
+
+    method: str
+    seed: int
+    rng: np.random.Generator
+    history: list[tuple[np.ndarray, float]] = field(default_factory=list)
+    best_params: np.ndarray | None = None
+    best_return: float = -np.inf
+    episodes: int = 0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    tokens: int = 0
+    reasks: int = 0
+    parse_failures: int = 0
+    duplicates: int = 0
+    faults: int = 0
+    fallbacks: int = 0
+    dropped_history: int = 0
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-{self.seed}"
+
+    @property
+    def current(self) -> np.ndarray | None:
+        return self.history[-1][0] if self.history else None
+
+    def counters(self) -> dict:
+        return {"llm_calls": self.llm_calls, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+                "reasks": self.reasks, "parse_failures": self.parse_failures, "duplicates": self.duplicates,
+                "faults": self.faults, "fallbacks": self.fallbacks}
+
+
+def episode_seeds(seed: int, iteration: int, episodes: int) -> np.ndarray:
+    """Seeds of the ``episodes`` evaluation episodes of iteration ``iteration`` (1-based) of search ``seed``."""
+    start = seed * SEED_STRIDE + (iteration - 1) * episodes
+    return np.arange(start, start + episodes)
+
+
+def check_seed_ranges(seeds: Sequence[int], iterations: int, episodes: int, eval_seed: int) -> None:
+    """Search episodes must fit their stride and stay below the held-out evaluation seeds."""
+    if iterations * episodes > SEED_STRIDE:
+        raise ValueError(f"iterations × episodes_per_eval = {iterations * episodes} exceeds {SEED_STRIDE} seeds")
+    top = (max(seeds) + 1) * SEED_STRIDE
+    if top > eval_seed:
+        raise ValueError(f"eval_seed {eval_seed} overlaps the search episode seeds (up to {top}); "
+                         f"use seeds < {eval_seed // SEED_STRIDE} or a larger eval_seed")
+
+
+def held_out_seeds(search: PropsSearchParams) -> np.ndarray:
+    """Seeds of the held-out evaluation of every run's final policy (disjoint from all search episodes)."""
+    return np.arange(search.eval_seed, search.eval_seed + search.eval_episodes)
+
+
+def random_point(rng: np.random.Generator, n: int, space: PropsSpaceParams) -> np.ndarray:
+    """The fallback proposal: uniform in the space, rounded to the prompt's decimals."""
+    return np.round(rng.uniform(space.low, space.high, size=n), space.decimals)
+
+
+def _model_fingerprint(spec: str, adapter: str | None) -> str:
+    """Content hash of a model folder's weights (and adapter), so the reply cache never mixes models."""
+    h = hashlib.sha256()
+    for folder in [spec, adapter]:
+        if folder and Path(folder).is_dir():
+            for f in sorted(Path(folder).glob("*.safetensors")):
+                h.update(f.name.encode())
+                with f.open("rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 22), b""):
+                        h.update(chunk)
+        elif folder:
+            h.update(folder.encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class OptimizerLLM:
+    """The backend to ask and the counter that measures prompts in the model's own tokens."""
+
+    backend: Backend
+    count_tokens: object  # Callable[[str | list[dict]], int]
+    label: str
+
+
+def build_optimizer_llm(
+    p: PropsLLMParams,
+    *,
+    cache_dir: str | Path | None,
+    adapter: str | Path | None = None,
+    llm=None,
+) -> OptimizerLLM:
+    """Backend from params: a local model (optionally with a peft adapter) or an OpenAI-compatible endpoint,
+    wrapped in the content-addressed reply cache when ``cache_dir`` is given. ``llm`` reuses a loaded model."""
+    from transformers import AutoTokenizer
+
+    from llmrl.llm.load import load_model
+
+    adapter = str(adapter) if adapter else None
+    if p.backend == "local":
+        if llm is None:
+            llm = load_model(p.spec)
+            if adapter:
+                from peft import PeftModel
+
+                llm.model = PeftModel.from_pretrained(llm.model, adapter)
+                llm.model.eval()
+        backend: Backend = LocalBackend(llm, batch_size=p.batch_size)
+        backend.model_id = f"local:{p.spec}" + (f"+{adapter}" if adapter else "") + \
+            f"@{_model_fingerprint(p.spec, adapter)}"
+        tokenizer = llm.tokenizer
+    else:
+        if adapter:
+            raise ValueError("an adapter applies to a local model only (serve base+adapter behind the endpoint)")
+        backend = OpenAIChatBackend(p.model, p.base_url, api_key_env=p.api_key_env, max_retries=p.max_retries,
+                                    timeout_s=p.timeout_s)
+        tokenizer = llm.tokenizer if llm is not None else AutoTokenizer.from_pretrained(p.spec)
+    if cache_dir is not None:
+        backend = CachedBackend(backend, ReplyCache(cache_dir), offline=p.offline)
+    return OptimizerLLM(backend, chat_token_counter(tokenizer), backend.model_id)
+
+
+def sampling_for(p: PropsLLMParams, iteration: int, attempt: int) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                          stop=("\n",) if p.stop_at_newline else (), seed=iteration * 100 + attempt)
+
+
+def _with_prefix(conv: list[dict], prefix: str) -> list[dict]:
+    return conv + [{"role": "assistant", "content": prefix}] if prefix else conv
+
+
+def props_search(
+    task: str | ControlTask,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    optimizer: OptimizerLLM,
+    search: PropsSearchParams,
+    space: PropsSpaceParams,
+    llm_params: PropsLLMParams,
+    *,
+    iterations: int | None = None,
+    states_out: list[SearchState] | None = None,
+) -> Iterator[dict]:
+    """Run len(methods) × len(seeds) searches in lockstep; yield one row per search per iteration.
+
+    The final ``SearchState`` objects (histories, best points, records) are appended to ``states_out``.
+    """
+    t = task if isinstance(task, ControlTask) else get_task(task)
+    n_iter = iterations or search.iterations
+    check_seed_ranges(seeds, n_iter, search.episodes_per_eval, search.eval_seed)
+    evaluator = ParamEvaluator(t, max_episode_steps=search.max_episode_steps.get(t.key))
+    policy = evaluator.policy
+    n = policy.n_params
+    optimum = search.optimum.get(t.key, t.optimum) if search.optimum_hint else None
+    settings = PromptSettings(low=space.low, high=space.high, decimals=space.decimals,
+                              step_size=search.step_size.get(t.key, t.step_size), optimum=optimum,
+                              episodes=search.episodes_per_eval)
+    # The fallback stream depends on (method, seed) only, so a search draws the same points alone or batched.
+    states = [SearchState(m, s, np.random.default_rng([s, 7919, list(TEMPLATES).index(m)]))
+              for m in methods for s in seeds]
+    if states_out is not None:
+        states_out.extend(states)
+    try:
+        for it in range(1, n_iter + 1):
+            t0 = time.perf_counter()
+            convs: list[list[dict]] = []
+            recs: list[dict] = []
+            for st in states:
+                render = lambda hist, st=st: render_search_prompt(  # noqa: E731
+                    TEMPLATES[st.method], task=t, policy=policy, history=hist, iteration=it,
+                    total_iterations=n_iter, settings=settings)
+                prompt, dropped, n_tok = trim_history(render, st.history, optimizer.count_tokens,
+                                                      search.prompt_token_budget)
+                st.dropped_history = dropped
+                convs.append([{"role": "user", "content": prompt}])
+                recs.append({"iteration": it, "search": st.name, "prompt_tokens": n_tok, "history_dropped": dropped,
+                             "exchanges": []})
+            proposals: list[np.ndarray | None] = [None] * len(states)
+            pending = list(range(len(states)))
+            for attempt in range(search.max_reasks + 1):
+                if not pending:
+                    break
+                sampling = sampling_for(llm_params, it, attempt)
+                try:
+                    gens = optimizer.backend.generate(
+                        [_with_prefix(convs[i], llm_params.answer_prefix) for i in pending], sampling)
+                except LLM_FAULTS as err:
+                    for i in pending:
+                        states[i].faults += 1
+                        recs[i]["exchanges"].append({"attempt": attempt, "fault": f"{type(err).__name__}: {err}"})
+                    break
+                still = []
+                for i, gen in zip(pending, gens):
+                    st = states[i]
+                    st.llm_calls += 1
+                    st.tokens += gen.n_tokens
+                    st.prompt_tokens += optimizer.count_tokens(convs[i])
+                    if attempt:
+                        st.reasks += 1
+                    reply = llm_params.answer_prefix + gen.text
+                    parsed = parse_reply(reply, n, space.low, space.high, current=st.current)
+                    recs[i]["exchanges"].append({"attempt": attempt, "messages": convs[i], "reply": reply,
+                                                 "finish_reason": gen.finish_reason, "n_tokens": gen.n_tokens,
+                                                 "parse": parsed.as_record()})
+                    if parsed.ok:
+                        proposals[i] = parsed.params
+                    else:
+                        st.parse_failures += 1
+                        convs[i] = convs[i] + [
+                            {"role": "assistant", "content": reply},
+                            {"role": "user", "content": render_correction(parsed.detail, n_params=n, low=space.low,
+                                                                          high=space.high, current=st.current)},
+                        ]
+                        still.append(i)
+                pending = still
+            for i, st in enumerate(states):
+                if proposals[i] is None:
+                    st.fallbacks += 1
+                    proposals[i] = random_point(st.rng, n, space)
+                    recs[i]["fallback"] = [float(x) for x in proposals[i]]
+                elif any(np.array_equal(proposals[i], h) for h, _ in st.history):
+                    st.duplicates += 1
+            seeds_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
+            returns = evaluator.returns(np.stack(proposals), seeds_mat)
+            seconds = time.perf_counter() - t0
+            for i, st in enumerate(states):
+                mean = float(returns[i].mean())
+                st.history.append((proposals[i], mean))
+                st.episodes += search.episodes_per_eval
+                if mean > st.best_return:
+                    st.best_return, st.best_params = mean, proposals[i]
+                recs[i].update(params=[float(x) for x in proposals[i]], return_mean=mean,
+                               returns=[float(x) for x in returns[i]])
+                st.records.append(recs[i])
+                yield {"task": t.key, "method": st.method, "seed": st.seed, "step": it, "episodes": st.episodes,
+                       "return_mean": mean, "best_return": st.best_return, **st.counters(), "seconds": seconds}
+    finally:
+        evaluator.close()

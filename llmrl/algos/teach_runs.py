@@ -1,0 +1,91 @@
+"""One LLM4Teach training run of each kind, from the typed ``teach`` params: a PPO student on a DoorKey-family
+task and MAPPO on MPE simple_spread, each with an optional teacher.
+
+Shared by the training stages and the validation selection (``bench/teach_select.py``) so both train exactly
+the same way. The learning curve is measured through a callback (``measure(agent, frames) -> dict``) the
+caller builds from the evaluation layer, so this module stays free of evaluation code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from llmrl.agents.student import GridStudent
+from llmrl.agents.teacher import TeacherPolicy
+from llmrl.algos.mappo import make_mappo_agent, train_mappo
+from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, train
+from llmrl.config.teach import TeachDistillParams, TeachMPEParams, TeachPPOParams, TeachTrainParams
+from llmrl.envs import make_env
+from llmrl.envs.mpe import SpreadBatch
+from llmrl.seeding import seed_everything
+
+Measure = Callable[[nn.Module, int], dict]
+
+
+def ppo_config(p: TeachPPOParams) -> PPOConfig:
+    return PPOConfig(**p.model_dump())
+
+
+def distill_schedule(p: TeachDistillParams) -> DistillSchedule:
+    return DistillSchedule(**p.model_dump())
+
+
+@dataclass
+class TeachRun:
+    """A trained student, its per-iteration stats and its learning curve (frames, success, return)."""
+
+    agent: nn.Module
+    history: list[dict]
+    curve: list[dict] = field(default_factory=list)
+
+
+def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: TeachTrainParams, seed: int, *,
+                       measure: Measure | None = None, on_iteration: Callable[[dict], None] | None = None,
+                       progress: bool = True) -> TeachRun:
+    """PPO (+ the annealed teacher term when ``teacher``) on ``env_id`` for ``t.ppo.total_frames`` frames.
+
+    ``measure(agent, frames)`` is called before training and ``t.curve_points`` times along it (the agent in
+    eval mode); its dicts form the curve.
+    """
+    seed_everything(seed)
+    cfg = ppo_config(t.ppo)
+    envs = make_vector_env(lambda: make_env(env_id), cfg.num_envs)
+    width, height, _ = envs.single_observation_space.shape
+    agent = GridStudent(width, height, int(envs.single_action_space.n), tuple(t.student.channels),
+                        t.student.hidden, t.student.embed_dim)
+    every = max(1, cfg.iterations // t.curve_points)
+    curve: list[dict] = []
+
+    def point(frames: int) -> None:
+        if measure is None:
+            return
+        agent.eval()
+        curve.append({"frames": frames, **measure(agent, frames)})
+        agent.train()
+
+    def step(stats: dict) -> None:
+        if (stats["iteration"] + 1) % every == 0 or stats["iteration"] + 1 == cfg.iterations:
+            point(stats["frames"])
+        if on_iteration is not None:
+            on_iteration(stats)
+
+    point(0)
+    history = train(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
+                    distill=distill_schedule(t.distill), on_iteration=step, progress=progress)
+    envs.close()
+    return TeachRun(agent, history, curve)
+
+
+def train_spread_student(teacher: TeacherPolicy | None, m: TeachMPEParams, seed: int, *,
+                         on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> TeachRun:
+    """MAPPO (+ the per-agent teacher term when ``teacher``) on simple_spread for ``m.ppo.total_frames``."""
+    seed_everything(seed)
+    cfg = ppo_config(m.ppo)
+    envs = SpreadBatch(cfg.num_envs, m.n_agents, m.max_cycles, m.local_ratio)
+    agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, tuple(m.hidden))
+    history = train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
+                          distill=distill_schedule(m.distill), on_iteration=on_iteration, progress=progress)
+    return TeachRun(agent, history)

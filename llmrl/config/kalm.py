@@ -1,0 +1,177 @@
+"""Params of the KALM stages (``kalm`` section of params.yaml).
+
+``kalm.env`` (shared horizon and BabyAI room), ``kalm.data``, ``kalm.offline``, ``kalm.eval`` are defined first;
+the grounding and imagination sections (``kalm.ground``, ``kalm.imagine``) are appended at the end of the file.
+d3rlpy algorithms keep d3rlpy's own config classes: ``OfflineAlgo.config`` holds keyword arguments validated by
+constructing ``d3rlpy.algos.<Algo>Config(**config)`` (no mirror of d3rlpy's fields here).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from llmrl.config import Section
+
+BenchmarkName = Literal["metaworld", "babyai"]
+LevelName = Literal["rephrase", "easy", "hard"]
+D3rlpyAlgoName = Literal["BC", "CQL", "IQL", "TD3PlusBC", "AWAC", "DiscreteBC", "DiscreteCQL"]
+DataKind = Literal["real", "imagine"]  # imagine = real + imagined rollouts (data/kalm/imagine/)
+_DISCRETE = {"DiscreteBC", "DiscreteCQL"}
+
+
+class KalmEnvParams(Section):
+    metaworld_max_steps: int = Field(100, gt=0, description="Meta-World step cap for data, imagination and "
+                                     "evaluation alike (metaworld's own is 500; scripted experts finish the "
+                                     "training tasks in 30-120 steps)")
+    babyai_max_steps: int = Field(64, gt=0, description="BabyAI step cap (BabyAI's own: room_size² per navigation)")
+    babyai_room_size: int = Field(8, ge=5, description="BabyAI room side in cells, walls included")
+    babyai_num_distractors: int = Field(4, ge=0, description="BabyAI objects besides the goal object(s)")
+
+    def settings(self, benchmark: str):
+        """The env settings of one benchmark (``llmrl.envs.kalm_levels.EnvSettings``)."""
+        from llmrl.envs.kalm_levels import EnvSettings
+
+        if benchmark == "metaworld":
+            return EnvSettings(max_steps=self.metaworld_max_steps)
+        return EnvSettings(max_steps=self.babyai_max_steps, room_size=self.babyai_room_size,
+                           num_distractors=self.babyai_num_distractors)
+
+
+class KalmDataParams(Section):
+    benchmarks: list[BenchmarkName] = Field(default_factory=lambda: ["metaworld", "babyai"], min_length=1,
+                                            description="benchmarks to record offline data for")
+    metaworld_episodes_per_task: int = Field(8, gt=0, description="scripted episodes per Meta-World training task")
+    babyai_episodes_per_task: int = Field(8, gt=0, description="bot episodes per BabyAI training task")
+    action_noise: float = Field(0.1, ge=0, description="std of Gaussian noise added to Meta-World scripted actions "
+                                "(clipped to [-1, 1])")
+    seed: int = Field(0, ge=0, description="first episode seed; episode i of a task uses seed + i")
+    agreement_test_episodes: int = Field(1, ge=0, description="expert episodes per test-level task run only to "
+                                         "measure the observation rule against the env's success (never stored)")
+    embed_model: str = Field("models/base_llm", description="model spec of the frozen instruction embedding "
+                             "(mean-pooled last hidden state)")
+    embed_batch_size: int = Field(32, gt=0, description="instructions per forward pass of the embedding model")
+    threads: int = Field(1, gt=0, description="torch threads of the embedding pass")
+
+
+class OfflineAlgo(Section):
+    benchmark: BenchmarkName = Field(description="benchmark the algorithm trains on")
+    algo: D3rlpyAlgoName = Field(description="d3rlpy algorithm (d3rlpy.algos.<algo>Config)")
+    steps: int = Field(gt=0, description="gradient updates per run")
+    config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of "
+                                   "d3rlpy.algos.<algo>Config (batch_size, learning rates, alpha, ...)")
+
+    @model_validator(mode="after")
+    def _check(self) -> OfflineAlgo:
+        discrete = self.algo in _DISCRETE
+        if discrete != (self.benchmark == "babyai"):
+            raise ValueError(f"algo {self.algo} does not fit benchmark {self.benchmark} "
+                             f"({'discrete' if self.benchmark == 'babyai' else 'continuous'} actions)")
+        self.d3rlpy_config()
+        return self
+
+    def d3rlpy_config(self):
+        """d3rlpy's own config object; invalid kwargs raise here, at params validation."""
+        import d3rlpy
+
+        cls = getattr(d3rlpy.algos, f"{self.algo}Config")
+        try:
+            return cls(**self.config)
+        except TypeError as err:
+            raise ValueError(f"config: not valid for d3rlpy.algos.{self.algo}Config ({err})") from None
+
+
+class KalmOfflineParams(Section):
+    algos: dict[str, OfflineAlgo] = Field(min_length=1, description="runs by name (the dvc matrix 'algo' key)")
+    data: list[DataKind] = Field(default_factory=lambda: ["real", "imagine"], min_length=1,
+                                 description="real: offline data only; imagine: real + imagined rollouts mixed at "
+                                 "mix_ratio (named after its data folder data/kalm/imagine, a dvc dep)")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="training seeds")
+    mix_ratio: float = Field(0.5, gt=0, lt=1, description="share of imagined transitions in the real + imagined dataset "
+                             "(imagined episodes drawn in a seeded order, repeated if too few)")
+    imagined_levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
+                                             description="levels whose imagined rollouts feed the mixed dataset")
+    threads: int = Field(1, gt=0, description="torch threads per run")
+    log_every: int = Field(100, gt=0, description="updates between metric rows")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct")
+        return v
+
+
+class KalmEvalParams(Section):
+    babyai_episodes: int = Field(50, gt=0, description="BabyAI episodes per level and training seed")
+    metaworld_episodes: int = Field(10, gt=0, description="Meta-World episodes per level and training seed "
+                                    "(below 50: each costs up to metaworld_max_steps MuJoCo steps)")
+    seed: int = Field(10_000, ge=0, description="first evaluation episode seed (data seeds start at kalm.data.seed)")
+    levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1)
+    random_seeds: int = Field(3, gt=0, description="seeds of the random-policy row")
+    grounded_episodes: int = Field(10, ge=0, description="episodes per level of the LLM-as-policy row (0: skip)")
+    confidence: float = Field(0.95, gt=0, lt=1, description="interval level over seeds")
+    threads: int = Field(1, gt=0, description="torch threads for policy inference (per worker)")
+    workers: int = Field(2, gt=0, description="processes evaluating benchmarks in parallel")
+
+
+# ---- KALM-B: grounding (kalm.ground) and imaginary rollouts (kalm.imagine) ------------------------------------------
+
+from llmrl.config.lora import LoraSettings  # noqa: E402
+
+
+class KalmGroundParams(Section):
+    """Grounding fine-tune of the base LLM on KALM's four patterns (``llmrl.algos.kalm_grounding``)."""
+
+    model: str = Field("models/base_llm", description="base causal LM spec (llmrl.llm.load.load_model)")
+    benchmarks: list[BenchmarkName] = Field(default_factory=lambda: ["metaworld", "babyai"], min_length=1,
+                                            description="one grounded model per benchmark (observation sizes differ)")
+    lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter (None: full fine-tune)")
+    trajectory_samples: int = Field(600, ge=0, description="instruction -> trajectory samples per benchmark")
+    dynamics_samples: int = Field(600, ge=0, description="(s, a) -> s' samples per benchmark")
+    goal_samples: int = Field(300, ge=0, description="(s0, instruction) -> final state samples per benchmark")
+    reverse_samples: int = Field(300, ge=0, description="trajectory -> instruction samples per benchmark")
+    window: int = Field(8, gt=0, description="steps per trajectory sample (a window of the episode, starting at "
+                        "its first step with probability start_prob, else at a random step): keeps sequences short")
+    start_prob: float = Field(0.5, ge=0, le=1, description="share of trajectory windows that start at s0")
+    reverse_states: int = Field(6, gt=1, description="states kept (evenly spaced, first and last included) in a "
+                                "trajectory -> instruction sample")
+    validation_episodes: float = Field(0.1, ge=0, lt=1, description="share of real episodes held out for the "
+                                       "before/after losses (never trained on)")
+    steps: int = Field(150, gt=0, description="optimizer updates per benchmark")
+    batch_size: int = Field(16, gt=0, description="sequences per update")
+    lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate (LoRA, projections and heads)")
+    warmup: int = Field(10, ge=0, description="linear warm-up updates, then linear decay to 0")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    obs_weight: float = Field(0.5, ge=0, description="weight of L_obs (KALM: 0.5)")
+    act_weight: float = Field(0.5, ge=0, description="weight of L_act (KALM: 0.5)")
+    token_weight: float = Field(1.0, ge=0, description="weight of L_token (KALM: 1.0)")
+    bf16_autocast: bool = Field(True, description="torch.autocast(bfloat16) for forward/backward where the CPU "
+                                "supports bf16 (AMX/AVX-512-bf16; weights stay fp32); the dtype used is recorded")
+    seed: int = Field(0, ge=0, description="seed of sampling, initialisation and batch order")
+    threads: int = Field(1, gt=0, description="torch threads")
+    log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")
+
+    @field_validator("lora")
+    @classmethod
+    def _lora_in_range(cls, lora: LoraSettings | None) -> LoraSettings | None:
+        if lora is not None and (lora.r <= 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1):
+            raise ValueError(f"lora: r, alpha > 0 and dropout in [0, 1) required, got {lora}")
+        return lora
+
+
+class KalmImagineParams(Section):
+    """Imaginary rollouts of the grounded model for each level's goals (``llmrl.algos.kalm_imagine``)."""
+
+    rollouts: int = Field(100, gt=0, description="imagined rollouts per benchmark and level (goals taken in turn)")
+    metaworld_horizon: int = Field(40, gt=0, description="imagined steps at most per Meta-World rollout")
+    babyai_horizon: int = Field(24, gt=0, description="imagined steps at most per BabyAI rollout")
+    greedy: bool = Field(True, description="greedy actions (argmax / raw); False samples (softmax at temperature, "
+                         "Gaussian noise of std temperature)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature / action noise std (greedy=False)")
+    batch_size: int = Field(50, gt=0, description="rollouts generated together (one KV cache per batch)")
+    seed: int = Field(20_000, ge=0, description="seed of rollout i's real initial state = seed + i (disjoint from "
+                      "data seeds 0.. and evaluation seeds 10000..)")
+    threads: int = Field(1, gt=0, description="torch threads")
+    examples: int = Field(5, ge=0, description="rollouts per level dumped as text (prompt, actions, states)")

@@ -1,0 +1,160 @@
+"""BabyAI goal environments for KALM: one room, a goal given as a structured task, a flat vector observation.
+
+A task is a string of one or two steps joined by ``>`` ("then"): ``goto:<colour>:<type>`` or
+``pickup:<colour>:<type>``, e.g. ``pickup:red:ball>goto:blue:box`` = "pick up the red ball, then carry it to the
+blue box". In a two-step task the go-to step counts only while the agent still holds what the first step picked
+up (``GoToCarryingInstr``): BabyAI's own "X then Y" forgets the first step once done (its bot drops the object
+before walking on), which no single observation can check. The level is minigrid's ``RoomGridLevel`` (so BabyAI's own verifier decides success and gives the reward
+``1 - 0.9 * step / max_steps``, and minigrid's ``BabyAIBot`` can solve it); the goal object(s) are placed at
+random with ``num_distractors`` other objects, none of which matches a goal object's colour and type.
+The mission string the agent sees is the goal's instruction text (a paraphrase), not BabyAI's surface form.
+
+Observation (``OBS_DIM`` = 151 float32): the 7×7×3 egocentric view (object type, colour, state indices from
+``minigrid.core.constants``), row-major over (x, y, channel) as ``obs["image"]`` is laid out, then the agent's
+direction one-hot (4). The agent sits at view cell (3, 6) facing cell (3, 5); minigrid draws the carried object
+into the agent's own cell (3, 6), so what is in front and what is carried are both read from the observation.
+Actions: minigrid's 7 discrete actions (left, right, forward, pickup, drop, toggle, done).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
+from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
+from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
+
+VIEW = 7
+OBS_DIM = VIEW * VIEW * 3 + 4
+N_ACTIONS = 7
+COLOURS = ("red", "green", "blue", "purple", "yellow", "grey")
+OBJECT_TYPES = ("ball", "box", "key")
+VERBS = ("goto", "pickup")
+FRONT_CELL = (3, 5)
+AGENT_CELL = (3, 6)
+
+
+class BadTaskError(ValueError):
+    """A BabyAI task string that does not parse (see the module docstring for the grammar)."""
+
+
+def parse_task(task: str) -> list[tuple[str, str, str]]:
+    """``"pickup:red:ball>goto:blue:box"`` -> ``[("pickup", "red", "ball"), ("goto", "blue", "box")]``."""
+    steps = []
+    for part in task.split(">"):
+        bits = part.split(":")
+        if len(bits) != 3 or bits[0] not in VERBS or bits[1] not in COLOURS or bits[2] not in OBJECT_TYPES:
+            raise BadTaskError(f"BabyAI task {task!r}: step {part!r} is not <goto|pickup>:<colour>:<type>")
+        steps.append((bits[0], bits[1], bits[2]))
+    if not 1 <= len(steps) <= 2:
+        raise BadTaskError(f"BabyAI task {task!r}: one or two steps expected")
+    if len(steps) == 2 and (steps[0][0], steps[1][0]) != ("pickup", "goto"):
+        raise BadTaskError(f"BabyAI task {task!r}: a two-step task is pickup>goto")
+    return steps
+
+
+class GoToCarryingInstr(GoToInstr):
+    """Go to (face) an object matching ``obj_desc`` while carrying one of colour/type ``carried``."""
+
+    def __init__(self, obj_desc, carried: tuple[str, str]):
+        super().__init__(obj_desc)
+        self.carried = carried
+
+    def surface(self, env):
+        return f"go to {self.desc.surface(env)} carrying the {self.carried[0]} {self.carried[1]}"
+
+    def verify_action(self, action):
+        held = self.env.carrying
+        if held is None or (held.color, held.type) != self.carried:
+            return "continue"
+        return super().verify_action(action)
+
+
+def _instrs(steps: list[tuple[str, str, str]]):
+    verb, colour, kind = steps[0]
+    first = GoToInstr(ObjDesc(kind, colour)) if verb == "goto" else PickupInstr(ObjDesc(kind, colour))
+    if len(steps) == 1:
+        return first
+    verb2, colour2, kind2 = steps[1]
+    if verb != "pickup" or verb2 != "goto":
+        raise BadTaskError(f"two-step tasks are pickup>goto, got {verb}>{verb2}")
+    return BeforeInstr(first, GoToCarryingInstr(ObjDesc(kind2, colour2), (colour, kind)))
+
+
+class KalmBabyAILevel(RoomGridLevel):
+    """One room with the task's object(s) and distractors; BabyAI's verifier checks the task."""
+
+    def __init__(self, task: str, instruction: str, room_size: int = 7, num_distractors: int = 3,
+                 max_steps: int = 64, **kwargs):
+        self.task_steps = parse_task(task)
+        self.instruction = instruction
+        self.num_distractors = num_distractors
+        super().__init__(num_rows=1, num_cols=1, room_size=room_size, max_steps=max_steps, **kwargs)
+
+    def gen_mission(self) -> None:
+        self.place_agent()
+        targets = []
+        for _verb, colour, kind in self.task_steps:
+            if (kind, colour) not in targets:
+                self.add_object(0, 0, kind, colour)
+                targets.append((kind, colour))
+        placed = 0
+        while placed < self.num_distractors:
+            kind = self._rand_elem(OBJECT_TYPES)
+            colour = self._rand_elem(COLOURS)
+            if (kind, colour) in targets:
+                continue  # a distractor never matches a goal object, so the description is unambiguous
+            self.add_object(0, 0, kind, colour)
+            placed += 1
+        self.check_objs_reachable()
+        self.instrs = _instrs(self.task_steps)
+
+    def _gen_grid(self, width, height):
+        super()._gen_grid(width, height)
+        self.mission = self.instruction
+
+
+def flatten_obs(obs: dict) -> np.ndarray:
+    """minigrid's dict observation -> the 151-d vector described in the module docstring."""
+    direction = np.zeros(4, dtype=np.float32)
+    direction[int(obs["direction"])] = 1.0
+    return np.concatenate([np.asarray(obs["image"], dtype=np.float32).reshape(-1), direction])
+
+
+def view_cell(obs_vec: np.ndarray, x: int, y: int) -> np.ndarray:
+    """(type, colour, state) of view cell (x, y) from a flat observation."""
+    image = np.asarray(obs_vec[: VIEW * VIEW * 3]).reshape(VIEW, VIEW, 3)
+    return image[x, y]
+
+
+def cell_holds(obs_vec: np.ndarray, cell: tuple[int, int], colour: str, kind: str) -> bool:
+    t, c, _s = view_cell(obs_vec, *cell)
+    return int(round(float(t))) == OBJECT_TO_IDX[kind] and int(round(float(c))) == COLOR_TO_IDX[colour]
+
+
+class FlatObsWrapper(gym.ObservationWrapper):
+    """Dict observation -> flat float32 vector; ``info["success"]`` = BabyAI's reward on a terminal step."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(0.0, 10.0, (OBS_DIM,), np.float32)
+
+    def observation(self, observation):
+        return flatten_obs(observation)
+
+    def reset(self, **kwargs):
+        obs, info = super().reset(**kwargs)
+        return obs, {**info, "success": False}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, "success": bool(terminated and reward > 0)}
+
+
+def make_babyai_env(task: str, instruction: str, seed: int | None = None, *, room_size: int = 7,
+                    num_distractors: int = 3, max_steps: int = 64) -> gym.Env:
+    env = FlatObsWrapper(KalmBabyAILevel(task, instruction, room_size=room_size,
+                                         num_distractors=num_distractors, max_steps=max_steps))
+    if seed is not None:
+        env.reset(seed=seed)
+    return env

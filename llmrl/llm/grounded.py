@@ -1,0 +1,418 @@
+"""KALM's grounded LLM: a causal LM that reads and writes environment states and actions as vectors.
+
+Layout as in KALM (arXiv 2404.09248, its code's ``modeling_llama`` wrapper):
+- placeholder tokens stand for vectors in the token sequence: state ``" #"``, action ``" @"``, target state ``" ^"``
+  (a predicted next/final state outside a step sequence). They are single tokens in SmolLM2's and GPT-2's
+  tokenizers, and sequences are built from token ids (``SequenceBuilder``), so they never merge with neighbours;
+- their input embeddings are replaced by ``LayerNorm(state_proj(normalised obs))`` / ``LayerNorm(action_proj(a))``
+  (Linear for continuous actions, Embedding for discrete ones);
+- an observation head and an action head read the last hidden state beside the LM head and predict the vector
+  of the *next* position (shifted by one, as the LM head predicts the next token).
+Generation is step-wise with the KV cache: each imagined action or state is one appended embedding; the prefix is
+never re-encoded (``reuse_cache=False`` re-encodes it each step, only to measure the difference in bench/).
+This module knows no training loop (``llmrl.algos.kalm_grounding``) and no environment (``llmrl.algos.kalm_imagine``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from llmrl.io import atomic_path, save_torch
+from llmrl.llm.load import LLM, LoraSettings, load_model
+
+PLACEHOLDERS = {"state": " #", "action": " @", "target": " ^"}
+TEXT, STATE, ACTION = 0, 1, 2  # position kinds
+CONFIG_FILE, HEADS_FILE, ADAPTER_DIR, FULL_DIR = "grounding.json", "grounding.pt", "adapter", "model"
+
+
+class PlaceholderError(ValueError):
+    """A placeholder string that is not exactly one token of the model's tokenizer."""
+
+
+@dataclass
+class GroundingSpec:
+    """What the projections and heads are built for; saved beside the weights."""
+
+    obs_dim: int
+    action_dim: int  # continuous: action size; discrete: number of actions
+    discrete: bool
+    action_low: float = -1.0
+    action_high: float = 1.0
+    base_model: str = "tiny"
+    finetune: str = "lora"  # "lora" | "full"
+    obs_mean: list[float] = field(default_factory=list)
+    obs_std: list[float] = field(default_factory=list)
+
+
+@dataclass
+class TokenSequence:
+    """One token sequence with vector slots: ids [L], kind [L], vectors and targets per position."""
+
+    ids: list[int]
+    kind: list[int]
+    obs: np.ndarray  # [L, obs_dim] raw observation at STATE positions (zeros elsewhere)
+    act: np.ndarray  # [L, action_dim] continuous or [L] int discrete, at ACTION positions
+    obs_target: np.ndarray  # [L] bool: the vector at this STATE position is predicted (from position - 1)
+    act_target: np.ndarray  # [L] bool: the action at this ACTION position is predicted (from position - 1)
+    labels: list[int]  # token targets (-100 where none), the LM's own next-token convention
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class SequenceBuilder:
+    """Builds ``TokenSequence`` objects from text pieces, states and actions (token ids, never re-tokenised text)."""
+
+    def __init__(self, tokenizer, spec: GroundingSpec):
+        self.tok = tokenizer
+        self.spec = spec
+        self.placeholder_ids = {}
+        for name, text in PLACEHOLDERS.items():
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise PlaceholderError(f"placeholder {name}={text!r} is {len(ids)} tokens in this tokenizer; "
+                                       "it must be exactly one")
+            self.placeholder_ids[name] = ids[0]
+        self._parts: list = []
+
+    def text(self, s: str, *, target: bool = False) -> SequenceBuilder:
+        self._parts.append(("text", self.tok(s, add_special_tokens=False)["input_ids"], target))
+        return self
+
+    def eos(self, *, target: bool = False) -> SequenceBuilder:
+        self._parts.append(("text", [self.tok.eos_token_id], target))
+        return self
+
+    def state(self, obs, *, target: bool = False, marker: str = "state") -> SequenceBuilder:
+        self._parts.append((marker, np.asarray(obs, np.float32), target))
+        return self
+
+    def action(self, a, *, target: bool = False) -> SequenceBuilder:
+        self._parts.append(("action", a, target))
+        return self
+
+    def build(self) -> TokenSequence:
+        d, ad, disc = self.spec.obs_dim, self.spec.action_dim, self.spec.discrete
+        ids, kind, labels, obs_rows, act_rows, o_t, a_t = [], [], [], {}, {}, [], []
+        for part, value, target in self._parts:
+            if part == "text":
+                for i in value:
+                    ids.append(i); kind.append(TEXT); labels.append(i if target else -100)
+                    o_t.append(False); a_t.append(False)
+            elif part in ("state", "target"):
+                obs_rows[len(ids)] = value
+                ids.append(self.placeholder_ids[part]); kind.append(STATE); labels.append(-100)
+                o_t.append(target); a_t.append(False)
+            else:
+                act_rows[len(ids)] = value
+                ids.append(self.placeholder_ids["action"]); kind.append(ACTION); labels.append(-100)
+                o_t.append(False); a_t.append(target)
+        L = len(ids)
+        obs = np.zeros((L, d), np.float32)
+        for p, v in obs_rows.items():
+            obs[p] = v
+        act = np.zeros(L, np.int64) if disc else np.zeros((L, ad), np.float32)
+        for p, v in act_rows.items():
+            act[p] = v
+        self._parts = []
+        return TokenSequence(ids, kind, obs, act, np.asarray(o_t), np.asarray(a_t), labels)
+
+
+def collate(seqs: Sequence[TokenSequence], pad_id: int, *, left: bool = False) -> dict[str, torch.Tensor]:
+    """Pad sequences into a batch (right padding for training, left for generation)."""
+    L = max(len(s) for s in seqs)
+    B = len(seqs)
+    d = seqs[0].obs.shape[1]
+    disc = seqs[0].act.ndim == 1
+    out = {
+        "ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "kind": torch.zeros((B, L), dtype=torch.long),
+        "mask": torch.zeros((B, L), dtype=torch.long),
+        "obs": torch.zeros((B, L, d)),
+        "act": torch.zeros((B, L), dtype=torch.long) if disc else torch.zeros((B, L, seqs[0].act.shape[1])),
+        "obs_target": torch.zeros((B, L), dtype=torch.bool),
+        "act_target": torch.zeros((B, L), dtype=torch.bool),
+        "labels": torch.full((B, L), -100, dtype=torch.long),
+    }
+    for b, s in enumerate(seqs):
+        n = len(s)
+        sl = slice(L - n, L) if left else slice(0, n)
+        out["ids"][b, sl] = torch.tensor(s.ids)
+        out["kind"][b, sl] = torch.tensor(s.kind)
+        out["mask"][b, sl] = 1
+        out["obs"][b, sl] = torch.from_numpy(s.obs)
+        out["act"][b, sl] = torch.from_numpy(s.act)
+        out["obs_target"][b, sl] = torch.from_numpy(s.obs_target)
+        out["act_target"][b, sl] = torch.from_numpy(s.act_target)
+        out["labels"][b, sl] = torch.tensor(s.labels)
+    return out
+
+
+class GroundedLM(nn.Module):
+    """Base causal LM (LoRA adapter or full fine-tune) + state/action projections + observation/action heads."""
+
+    def __init__(self, llm: LLM, spec: GroundingSpec):
+        super().__init__()
+        self.llm = llm
+        self.lm = llm.model
+        self.spec = spec
+        self.builder = SequenceBuilder(llm.tokenizer, spec)
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        self.backbone = base.model  # the decoder stack without the LM head (LoRA layers are injected in place)
+        self.lm_head = base.get_output_embeddings()
+        self.token_embed = base.get_input_embeddings()
+        H = base.config.hidden_size
+        d, ad = spec.obs_dim, spec.action_dim
+        self.state_proj = nn.Linear(d, H)
+        self.action_proj = nn.Embedding(ad, H) if spec.discrete else nn.Linear(ad, H)
+        self.embed_ln = nn.LayerNorm(H)
+        self.obs_head = nn.Linear(H, d)
+        self.act_head = nn.Linear(H, ad)
+        mean = torch.tensor(spec.obs_mean, dtype=torch.float32) if spec.obs_mean else torch.zeros(d)
+        std = torch.tensor(spec.obs_std, dtype=torch.float32) if spec.obs_std else torch.ones(d)
+        self.register_buffer("obs_mean", mean)
+        self.register_buffer("obs_std", std.clamp_min(1e-3))
+        self.grounding_modules().to(device=llm.device, dtype=torch.float32)
+
+    # ---- parts ---------------------------------------------------------------------------------------------
+    def grounding_modules(self) -> nn.ModuleDict:
+        return nn.ModuleDict({"state_proj": self.state_proj, "action_proj": self.action_proj,
+                              "embed_ln": self.embed_ln, "obs_head": self.obs_head, "act_head": self.act_head})
+
+    def grounding_state(self) -> dict[str, torch.Tensor]:
+        state = {k: v.detach().cpu() for k, v in self.grounding_modules().state_dict().items()}
+        state["obs_mean"], state["obs_std"] = self.obs_mean.cpu(), self.obs_std.cpu()
+        return state
+
+    def normalise(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs - self.obs_mean) / self.obs_std
+
+    def denormalise(self, z: torch.Tensor) -> torch.Tensor:
+        return z * self.obs_std + self.obs_mean
+
+    def embed(self, ids, kind, obs, act) -> torch.Tensor:
+        """Token embeddings with every STATE/ACTION placeholder replaced by its projected vector."""
+        e = self.token_embed(ids)
+        s = self.embed_ln(self.state_proj(self.normalise(obs)))
+        a = self.embed_ln(self.action_proj(act.clamp(0, self.spec.action_dim - 1) if self.spec.discrete
+                                           else act))
+        k = kind.unsqueeze(-1)
+        return torch.where(k == STATE, s.to(e.dtype), torch.where(k == ACTION, a.to(e.dtype), e))
+
+    def hidden(self, embeds, mask, *, past=None, position_ids=None):
+        if position_ids is None:
+            position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+            if past is not None:
+                position_ids = position_ids[:, -embeds.shape[1]:]
+        out = self.backbone(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                            past_key_values=past, use_cache=past is not None)
+        return out.last_hidden_state, (out.past_key_values if past is not None else None)
+
+    # ---- training --------------------------------------------------------------------------------------------
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """obs_loss (MSE on normalised obs), act_loss (MSE or CE), token_loss (CE); zero where a batch has none."""
+        dev = self.llm.device
+        b = {k: v.to(dev) for k, v in batch.items()}
+        h = self.hidden(self.embed(b["ids"], b["kind"], b["obs"], b["act"]), b["mask"])[0]
+        h_prev, zero = h[:, :-1], h.new_zeros(()).float()
+        o_mask, a_mask = b["obs_target"][:, 1:], b["act_target"][:, 1:]
+        losses = {}
+        if o_mask.any():
+            pred = self.obs_head(h_prev[o_mask].float())
+            losses["obs_loss"] = nn.functional.mse_loss(pred, self.normalise(b["obs"][:, 1:][o_mask]))
+        else:
+            losses["obs_loss"] = zero
+        if a_mask.any():
+            pred = self.act_head(h_prev[a_mask].float())
+            tgt = b["act"][:, 1:][a_mask]
+            losses["act_loss"] = (nn.functional.cross_entropy(pred, tgt) if self.spec.discrete
+                                  else nn.functional.mse_loss(pred, tgt))
+        else:
+            losses["act_loss"] = zero
+        t_mask = b["labels"][:, 1:] != -100
+        if t_mask.any():
+            logits = self.lm_head(h_prev[t_mask])  # only where a token is a target: no [B, L, vocab] tensor
+            losses["token_loss"] = nn.functional.cross_entropy(logits.float(), b["labels"][:, 1:][t_mask])
+        else:
+            losses["token_loss"] = zero
+        return losses
+
+    # ---- generation ------------------------------------------------------------------------------------------
+    def _action_out(self, h: torch.Tensor, greedy: bool, temperature: float, generator) -> torch.Tensor:
+        out = self.act_head(h.float())
+        if self.spec.discrete:
+            if greedy:
+                return out.argmax(-1)
+            probs = torch.softmax(out / temperature, -1)
+            return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if not greedy:
+            out = out + temperature * torch.randn(out.shape, generator=generator, device=out.device)
+        return out.clamp(self.spec.action_low, self.spec.action_high)
+
+    def prompt_sequence(self, instruction: str, obs0) -> TokenSequence:
+        """The instruction -> trajectory prompt up to the first state (the format of ``kalm_grounding``)."""
+        return self.builder.text(trajectory_prompt(instruction)).state(obs0).build()
+
+    @torch.no_grad()
+    def imagine(self, instructions: Sequence[str], obs0: np.ndarray, steps: int, *, greedy: bool = True,
+                temperature: float = 1.0, generator: torch.Generator | None = None, stop=None,
+                reuse_cache: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Roll out ``steps`` imagined (a_t, s_{t+1}) from each (instruction, s_0).
+
+        ``stop(t, next_obs[B, d]) -> bool[B]`` marks rows done (they keep being computed in the batch but their
+        later steps are not returned as valid). Returns actions [B, T(, A)], next_obs [B, T, d] and
+        lengths [B] (steps up to and including the stop step). The batch ends when every row is done.
+        """
+        self.eval()
+        dev = self.llm.device
+        seqs = [self.prompt_sequence(i, o) for i, o in zip(instructions, obs0, strict=True)]
+        b = {k: v.to(dev) for k, v in collate(seqs, self.llm.tokenizer.pad_token_id, left=True).items()}
+        B = len(seqs)
+        mask = b["mask"]
+        embeds = self.embed(b["ids"], b["kind"], b["obs"], b["act"])
+        past = _new_cache() if reuse_cache else None
+        h, past = self._run(embeds, mask, past, reuse_cache)
+        all_embeds = embeds
+        ones = mask.new_ones((B, 1))
+        acts, nexts = [], []
+        lengths = np.full(B, steps, np.int64)
+        done = np.zeros(B, bool)
+        act_id = self.builder.placeholder_ids["action"]
+        state_id = self.builder.placeholder_ids["state"]
+        for t in range(steps):
+            a = self._action_out(h[:, -1], greedy, temperature, generator)
+            a_in = a if self.spec.discrete else a.float()
+            e_a = self.embed(torch.full((B, 1), act_id, device=dev), torch.full((B, 1), ACTION, device=dev),
+                             torch.zeros((B, 1, self.spec.obs_dim), device=dev), a_in.unsqueeze(1))
+            mask = torch.cat([mask, ones], 1)
+            all_embeds = torch.cat([all_embeds, e_a], 1)
+            h, past = self._run(e_a if reuse_cache else all_embeds, mask, past, reuse_cache)
+            s_next = self.denormalise(self.obs_head(h[:, -1].float()))
+            acts.append(a.cpu().numpy())
+            nexts.append(s_next.cpu().numpy())
+            if stop is not None:
+                newly = np.asarray(stop(t, nexts[-1]), bool) & ~done
+                lengths[newly] = t + 1
+                done |= newly
+                if done.all():
+                    break
+            if t + 1 == steps:
+                break
+            dummy_act = torch.zeros((B, 1), dtype=torch.long, device=dev) if self.spec.discrete else \
+                torch.zeros((B, 1, self.spec.action_dim), device=dev)
+            e_s = self.embed(torch.full((B, 1), state_id, device=dev), torch.full((B, 1), STATE, device=dev),
+                             s_next.unsqueeze(1), dummy_act)
+            mask = torch.cat([mask, ones], 1)
+            all_embeds = torch.cat([all_embeds, e_s], 1)
+            h, past = self._run(e_s if reuse_cache else all_embeds, mask, past, reuse_cache)
+        return np.stack(acts, 1), np.stack(nexts, 1), lengths
+
+    def _run(self, embeds, mask, past, reuse_cache):
+        if reuse_cache:
+            return self.hidden(embeds, mask, past=past)
+        return self.hidden(embeds, mask)[0], None
+
+    # ---- acting in a real environment --------------------------------------------------------------------------
+    @torch.no_grad()
+    def start_episode(self, instruction: str, obs0) -> tuple:
+        """Encode the prompt and s_0; returns (state, action) for the stepper ``act_next``."""
+        self.eval()
+        dev = self.llm.device
+        b = {k: v.to(dev) for k, v in collate([self.prompt_sequence(instruction, obs0)],
+                                                 self.llm.tokenizer.pad_token_id).items()}
+        past = _new_cache()
+        h, past = self.hidden(self.embed(b["ids"], b["kind"], b["obs"], b["act"]), b["mask"], past=past)
+        return (past, b["mask"]), h[:, -1]
+
+    @torch.no_grad()
+    def feed(self, state: tuple, action, obs) -> tuple:
+        """Append a_t (taken in the real env) and the real s_{t+1}; returns the new state and last hidden."""
+        past, mask = state
+        dev = self.llm.device
+        a = torch.as_tensor(np.asarray(action), device=dev)
+        a = a.long().reshape(1, 1) if self.spec.discrete else a.float().reshape(1, 1, -1)
+        dummy_act = torch.zeros((1, 2), dtype=torch.long, device=dev) if self.spec.discrete else \
+            torch.zeros((1, 2, self.spec.action_dim), device=dev)
+        obs_t = torch.zeros((1, 2, self.spec.obs_dim), device=dev)
+        obs_t[0, 1] = torch.as_tensor(np.asarray(obs, np.float32), device=dev)
+        acts = dummy_act.clone()
+        acts[:, 0] = a[:, 0]
+        ids = torch.tensor([[self.builder.placeholder_ids["action"], self.builder.placeholder_ids["state"]]],
+                           device=dev)
+        kind = torch.tensor([[ACTION, STATE]], device=dev)
+        mask = torch.cat([mask, mask.new_ones((1, 2))], 1)
+        h, past = self.hidden(self.embed(ids, kind, obs_t, acts), mask, past=past)
+        return (past, mask), h[:, -1]
+
+    def action_from_hidden(self, h: torch.Tensor, *, greedy: bool = True, temperature: float = 1.0,
+                           generator=None) -> np.ndarray:
+        with torch.no_grad():
+            return self._action_out(h, greedy, temperature, generator).cpu().numpy()[0]
+
+    # ---- persistence -----------------------------------------------------------------------------------------
+    def save(self, out_dir: str | Path) -> None:
+        """Adapter (or full weights) + projections/heads + spec, written atomically into ``out_dir``."""
+        with atomic_path(out_dir, is_dir=True) as tmp:
+            tmp.mkdir(parents=True, exist_ok=True)
+            if self.spec.finetune == "lora":
+                self.lm.save_pretrained(tmp / ADAPTER_DIR)
+            else:
+                self.lm.save_pretrained(tmp / FULL_DIR)
+                self.llm.tokenizer.save_pretrained(tmp / FULL_DIR)
+            save_torch(self.grounding_state(), tmp / HEADS_FILE)
+            (tmp / CONFIG_FILE).write_text(json.dumps(asdict(self.spec), indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, model_dir: str | Path, *, base_model: str | None = None, device: str | None = "cpu",
+             dtype: str | None = "float32") -> GroundedLM:
+        """The model saved by ``save``; ``base_model`` overrides the saved base model spec (LoRA only)."""
+        model_dir = Path(model_dir)
+        cfg_path = model_dir / CONFIG_FILE
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"{model_dir}: no {CONFIG_FILE} (not a grounded model folder)")
+        spec = GroundingSpec(**json.loads(cfg_path.read_text(encoding="utf-8")))
+        if spec.finetune == "lora":
+            from peft import PeftModel
+
+            llm = load_model(base_model or spec.base_model, device=device, dtype=dtype)
+            llm.model = PeftModel.from_pretrained(llm.model, model_dir / ADAPTER_DIR)
+        else:
+            llm = load_model(str(model_dir / FULL_DIR), device=device, dtype=dtype)
+        llm.model.eval()
+        llm.model.requires_grad_(False)
+        model = cls(llm, spec)
+        state = torch.load(model_dir / HEADS_FILE, map_location=llm.device, weights_only=True)
+        model.obs_mean.copy_(state.pop("obs_mean"))
+        model.obs_std.copy_(state.pop("obs_std"))
+        model.grounding_modules().load_state_dict(state)
+        model.eval()
+        return model
+
+
+def _new_cache():
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def trajectory_prompt(instruction: str) -> str:
+    return f"Instruction: {instruction}\nTrajectory:"
+
+
+def build_grounded(spec: GroundingSpec, *, lora: LoraSettings | None = None, device: str | None = "cpu",
+                   dtype: str | None = "float32") -> GroundedLM:
+    """A fresh grounded model on ``spec.base_model``: LoRA adapter when ``spec.finetune == "lora"``, else all
+    weights trainable. Projections and heads are always trainable."""
+    if spec.finetune not in ("lora", "full"):
+        raise ValueError(f"finetune: {spec.finetune!r}, expected 'lora' or 'full'")
+    llm = load_model(spec.base_model, device=device, dtype=dtype,
+                     lora=(lora or LoraSettings()) if spec.finetune == "lora" else None,
+                     trainable=spec.finetune == "full")
+    return GroundedLM(llm, spec)

@@ -1,0 +1,88 @@
+"""Stage kalm_eval: every KALM policy on every test level of its benchmark, success with seed-level intervals.
+
+Rows per benchmark: each offline algorithm trained on real data and on real + imagined data (kalm.offline),
+a uniform random policy, and — when KALM-B's llmrl/agents/grounded_policy.py and models/kalm/grounded exist — the
+grounded LLM acting through its action head. Greedy evaluation. The two benchmarks run in parallel processes
+(kalm.eval.workers). Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
+
+Writes metrics/kalm.json (headline: each row's success averaged over the three levels — a few numbers per agent),
+metrics/kalm/eval/table.json (per row and level: success, seed-level interval, per-seed values, episodes; plain
+out), metrics/kalm/eval/episodes.json (per-episode outcomes; plain out) and a dvclive bar plot.
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import importlib.util
+import logging
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from dvclive import Live
+
+from llmrl.config.kalm import KalmEnvParams, KalmEvalParams, KalmOfflineParams
+from llmrl.data.embeddings import EmbeddingTable
+from llmrl.eval.kalm import evaluate_benchmark
+from llmrl.fingerprint import fingerprint_line
+from llmrl.io import atomic_path, write_json
+
+GROUNDED_MODEL = ROOT / "models" / "kalm" / "grounded"
+MODELS = ROOT / "models" / "kalm" / "offline"
+
+
+def grounded_agent():
+    """KALM-B's LLM-as-policy, if built: an object with ``policy(goal) -> harness Policy``; else None."""
+    if importlib.util.find_spec("llmrl.agents.grounded_policy") is None or not GROUNDED_MODEL.is_dir():
+        return None
+    from llmrl.agents.grounded_policy import GroundedAgent
+
+    return GroundedAgent.load(GROUNDED_MODEL)
+
+
+def run_benchmark(benchmark: str) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    p = stage_params("kalm.eval", KalmEvalParams)
+    off = stage_params("kalm.offline", KalmOfflineParams)
+    env_p = stage_params("kalm.env", KalmEnvParams)
+    runs = [(f"{name}-{data}", MODELS / f"{name}-{data}-{seed}" / "model.d3")
+            for name, algo in off.algos.items() if algo.benchmark == benchmark
+            for data in off.data for seed in off.seeds]
+    agent = grounded_agent() if p.grounded_episodes else None
+    if agent is None:
+        log.warning("%s: no grounded LLM policy (llmrl/agents/grounded_policy.py or %s missing): row left out",
+                    benchmark, GROUNDED_MODEL)
+    return evaluate_benchmark(
+        benchmark, offline_runs=runs, table=EmbeddingTable.load(ROOT / "data" / "kalm" / "real" / "embeddings.npz"),
+        levels=p.levels, settings=env_p.settings(benchmark),
+        episodes=p.metaworld_episodes if benchmark == "metaworld" else p.babyai_episodes, first_seed=p.seed,
+        random_seeds=p.random_seeds, confidence=p.confidence, grounded=agent, grounded_episodes=p.grounded_episodes,
+        threads=p.threads)
+
+
+def main() -> None:
+    p = stage_params("kalm.eval", KalmEvalParams)
+    off = stage_params("kalm.offline", KalmOfflineParams)
+    benchmarks = sorted({a.benchmark for a in off.algos.values()})
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(p.workers, len(benchmarks))) as pool:
+        results = dict(zip(benchmarks, pool.map(run_benchmark, benchmarks)))
+    seconds = time.perf_counter() - start
+    budget = {"babyai_episodes_per_level_seed": p.babyai_episodes,
+              "metaworld_episodes_per_level_seed": p.metaworld_episodes, "seconds": round(seconds, 1),
+              "seconds_per_benchmark": {b: r["seconds"] for b, r in results.items()}}
+    rows = [row for r in results.values() for row in r["rows"]]
+    with atomic_path(ROOT / "metrics" / "kalm" / "eval", is_dir=True) as out:
+        write_json(out / "table.json", {"rows": rows, "budget": budget, "levels": p.levels,
+                                        "grounded_llm": any("grounded-llm" in r["headline"] for r in results.values())})
+        write_json(out / "episodes.json", [e for r in results.values() for e in r["episodes"]])
+    write_json(ROOT / "metrics" / "kalm.json", {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
+                                                "eval_seconds": round(seconds, 1), "env": fingerprint_line()})
+    with Live(dir=str(ROOT / "plots" / "kalm" / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+        live.log_plot("success_by_policy", [{"policy": f"{r['benchmark']} {r['level']}: {r['row']}",
+                                             "success_rate": r["value"]} for r in rows],
+                      x="success_rate", y="policy", template="bar_horizontal",
+                      title="KALM: success rate per level (mean over training seeds)")
+    log.info("kalm_eval done in %.1fs", seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Stage kalm_ground: fine-tune the base LLM into KALM's grounded model, one per benchmark.
+
+Reads data/kalm/real/<benchmark>.h5 (KALM-A's kalm_data); holds out ``kalm.ground.validation_episodes`` of the
+episodes for the before/after losses; trains on KALM's four patterns (llmrl.algos.kalm_grounding). Writes
+models/kalm/grounded/<benchmark>/ (LoRA adapter + projections + heads + spec), metrics/kalm/ground.json (headline
+losses before/after on held-out episodes, time, dtype) and dvclive curves in plots/kalm/ground/<benchmark>.
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import time
+
+import numpy as np
+import torch
+from dvclive import Live
+from tqdm.auto import tqdm
+
+from llmrl.algos.kalm_grounding import autocast_dtype, build_samples, evaluate_losses, train_grounding
+from llmrl.config.kalm import KalmGroundParams
+from llmrl.data.trajectories import read_episodes
+from llmrl.envs import kalm_levels as kl
+from llmrl.fingerprint import fingerprint_line
+from llmrl.io import atomic_path, write_json
+from llmrl.llm.grounded import GroundingSpec, build_grounded
+from llmrl.seeding import seed_everything
+
+HEADLINE = ("loss", "obs_loss", "act_loss", "token_loss")
+
+
+def main() -> None:
+    p = stage_params("kalm.ground", KalmGroundParams)
+    torch.set_num_threads(p.threads)
+    metrics: dict = {"env": fingerprint_line(), "autocast": str(autocast_dtype(p)).removeprefix("torch.")}
+    with atomic_path(ROOT / "models" / "kalm" / "grounded", is_dir=True) as out:
+        for benchmark in p.benchmarks:
+            start = time.perf_counter()
+            rng = seed_everything(p.seed)
+            episodes = read_episodes(ROOT / "data" / "kalm" / "real" / f"{benchmark}.h5")
+            order = rng.permutation(len(episodes))
+            n_val = max(1, round(p.validation_episodes * len(episodes)))
+            val = [episodes[i] for i in order[:n_val]]
+            train = [episodes[i] for i in order[n_val:]]
+            obs = np.concatenate([np.concatenate([e.observations["obs"], e.observations["next_obs"]]) for e in train])
+            kl.check_obs(benchmark, obs, f"data/kalm/real/{benchmark}.h5 observations")
+            spec_a = kl.action_spec(benchmark)
+            spec = GroundingSpec(obs_dim=kl.obs_dim(benchmark), action_dim=spec_a.n, discrete=spec_a.discrete,
+                                 action_low=float(spec_a.low), action_high=float(spec_a.high), base_model=p.model,
+                                 finetune="lora" if p.lora is not None else "full",
+                                 obs_mean=obs.mean(0).tolist(), obs_std=obs.std(0).tolist())
+            model = build_grounded(spec, lora=p.lora)
+            samples = build_samples(model, train, p, rng)
+            val_p = p.model_copy(update={k: max(1, v // 8) for k, v in {
+                "trajectory_samples": p.trajectory_samples, "dynamics_samples": p.dynamics_samples,
+                "goal_samples": p.goal_samples, "reverse_samples": p.reverse_samples}.items()})
+            val_samples = build_samples(model, val, val_p, np.random.default_rng(p.seed + 1))
+            before = evaluate_losses(model, val_samples, p)
+            log.info("%s: %d train / %d held-out episodes, %d samples; held-out before %s", benchmark, len(train),
+                     len(val), sum(len(v) for v in samples.values()), before)
+            train_start = time.perf_counter()
+            rows = []
+            with Live(dir=str(ROOT / "plots" / "kalm" / "ground" / benchmark), save_dvc_exp=False, dvcyaml=None,
+                      report=None) as live:
+                for row in tqdm(train_grounding(model, samples, p, rng), total=p.steps, desc=f"ground {benchmark}"):
+                    rows.append(row)
+                    live.step = row["step"]
+                    for key in (*HEADLINE, "lr"):
+                        live.log_metric(key, row[key])
+                    if row["step"] % p.log_every == 0:
+                        log.info("%s step %d: %s", benchmark, row["step"],
+                                 {k: round(row[k], 4) for k in HEADLINE})
+            train_seconds = time.perf_counter() - train_start
+            after = evaluate_losses(model, val_samples, p)
+            model.save(out / benchmark)
+            write_json(out / benchmark / "train.json", {"before": before, "after": after, "curve": rows,
+                                                        "env": fingerprint_line()})
+            metrics[benchmark] = {
+                "heldout_loss_before": before["loss"], "heldout_loss_after": after["loss"],
+                **{f"heldout_{k}_after": after[k] for k in ("obs_loss", "act_loss", "token_loss")},
+                "train_loss_last10": round(float(np.mean([r["loss"] for r in rows[-10:]])), 5),
+                "samples": sum(len(v) for v in samples.values()), "updates": p.steps,
+                "train_seconds": round(train_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
+            }
+            log.info("%s: held-out after %s; %s", benchmark, after, metrics[benchmark])
+    write_json(ROOT / "metrics" / "kalm" / "ground.json", metrics)
+
+
+if __name__ == "__main__":
+    main()

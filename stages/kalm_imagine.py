@@ -1,0 +1,63 @@
+"""Stage kalm_imagine@<benchmark>-<level>: imaginary rollouts of the grounded LLM for one level's goals.
+
+Writes data/kalm/imagine/<benchmark>_<level>.h5 (TrajectoryWriter; same layout as data/kalm/real, info["imaginary"]
+= True, rewards from label_rewards), metrics/kalm/imagine_<benchmark>_<level>.json (headline: imagined and true
+success of the open-loop replay, per-step state error, time) and data/kalm/imagine_report/<benchmark>_<level>.json
+(per-rollout table and a few rollouts as text).
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import sys
+import time
+
+import torch
+
+from llmrl.algos.kalm_imagine import episode_text, horizon, imagine_level, rollout_quality
+from llmrl.config.kalm import KalmEnvParams, KalmImagineParams
+from llmrl.data.trajectories import TrajectoryWriter
+from llmrl.envs import kalm_levels as kl
+from llmrl.fingerprint import fingerprint_line
+from llmrl.io import write_json
+from llmrl.llm.grounded import GroundedLM, trajectory_prompt
+from llmrl.seeding import seed_everything
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit("usage: kalm_imagine.py <benchmark> <level>")
+    benchmark, level = sys.argv[1], sys.argv[2]
+    p = stage_params("kalm.imagine", KalmImagineParams)
+    env_p = stage_params("kalm.env", KalmEnvParams)
+    goals = kl.goals(benchmark, level)  # UnknownLevelError names a wrong benchmark/level before any write
+    torch.set_num_threads(p.threads)
+    seed_everything(p.seed)
+    settings = env_p.settings(benchmark)
+    start = time.perf_counter()
+    model = GroundedLM.load(ROOT / "models" / "kalm" / "grounded" / benchmark)
+    load_seconds = time.perf_counter() - start
+    t0 = time.perf_counter()
+    episodes = imagine_level(model, goals, p, settings)
+    imagine_seconds = time.perf_counter() - t0
+    steps = sum(len(e) for e in episodes)
+    t0 = time.perf_counter()
+    ep_goals = [goals[i % len(goals)] for i in range(len(episodes))]
+    summary, rows = rollout_quality(episodes, None, settings, goals=ep_goals)
+    replay_seconds = time.perf_counter() - t0
+    name = f"{benchmark}_{level}"
+    with TrajectoryWriter(ROOT / "data" / "kalm" / "imagine" / f"{name}.h5") as writer:
+        writer.extend(episodes)
+    write_json(ROOT / "data" / "kalm" / "imagine_report" / f"{name}.json", {
+        "params": p.model_dump(), "horizon": horizon(p, benchmark), "summary": summary, "rollouts": rows,
+        "examples": [{"prompt": trajectory_prompt(e.mission) + " # <s0>", **episode_text(e)}
+                     for e in episodes[:p.examples]]})
+    metrics = {**summary, "goals": len(goals), "imagined_steps": steps,
+               "transitions_per_s": round(steps / imagine_seconds, 1), "imagine_seconds": round(imagine_seconds, 1),
+               "replay_seconds": round(replay_seconds, 1), "load_seconds": round(load_seconds, 1),
+               "env": fingerprint_line()}
+    write_json(ROOT / "metrics" / "kalm" / f"imagine_{name}.json", metrics)
+    log.info("%s: %s", name, metrics)
+
+
+if __name__ == "__main__":
+    main()

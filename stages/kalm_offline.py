@@ -1,0 +1,77 @@
+"""Stage kalm_offline@<algo>-<data>-<seed>: one d3rlpy run on real or real + imagined KALM data.
+
+Usage: python stages/kalm_offline.py <algo> <real|imagine> <seed>, <algo> a key of kalm.offline.algos.
+Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also data/kalm/imagine/<benchmark>_<level>.h5
+for each of kalm.offline.imagined_levels. Writes models/kalm/offline/<algo>-<data>-<seed>/ (model.d3, loadable with
+d3rlpy.load_learnable; train.json: curve, mix, time — a plain out) and a dvclive loss curve.
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import sys
+import time
+
+from dvclive import Live
+
+from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes, train_offline
+from llmrl.config.kalm import KalmOfflineParams
+from llmrl.data.trajectories import read_episodes
+from llmrl.fingerprint import fingerprint_line
+from llmrl.io import atomic_path, write_json
+from llmrl.data.embeddings import EmbeddingTable
+
+DATA = ROOT / "data" / "kalm"
+
+
+def imagined_paths(benchmark: str, levels) -> list:
+    return [DATA / "imagine" / f"{benchmark}_{level}.h5" for level in levels]
+
+
+def main() -> None:
+    name, data, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    p = stage_params("kalm.offline", KalmOfflineParams)
+    if name not in p.algos:
+        sys.exit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
+    if data not in p.data or seed not in p.seeds:
+        sys.exit(f"kalm_offline: data {data!r} / seed {seed} not in kalm.offline.data {p.data} / seeds {p.seeds}")
+    algo = p.algos[name]
+    run = f"{name}-{data}-{seed}"
+    episodes = read_episodes(DATA / "real" / f"{algo.benchmark}.h5")
+    mix = None
+    if data == "imagine":
+        imagined = []
+        for path in imagined_paths(algo.benchmark, p.imagined_levels):
+            if not path.is_file():
+                sys.exit(f"kalm_offline {run}: imagined data file {path} is missing (stage kalm_imagine)")
+            imagined += read_episodes(path)
+        episodes, stats = mix_episodes(episodes, imagined, p.mix_ratio, seed)
+        mix = {"real_steps": stats.real_steps, "imagined_steps": stats.imagined_steps,
+               "imagined_episodes": stats.imagined_episodes, "imagined_share": round(stats.imagined_share, 4),
+               "mix_ratio": p.mix_ratio}
+        log.info("%s: real + imagined dataset %s", run, mix)
+    table = EmbeddingTable.load(DATA / "real" / "embeddings.npz")
+    dataset = build_dataset(episodes, table, algo.benchmark)
+    learnable = make_learnable(algo, seed, p.threads)
+    rows = []
+    start = time.perf_counter()
+    with Live(dir=str(ROOT / "plots" / "kalm" / "offline" / run), save_dvc_exp=False, dvcyaml=None,
+              report=None) as live:
+        for row in train_offline(learnable, dataset, algo.steps, p.log_every):
+            rows.append(row)
+            live.step = row["step"]
+            for key, value in row.items():
+                if key != "step":
+                    live.log_metric(key, value)
+    seconds = time.perf_counter() - start
+    with atomic_path(ROOT / "models" / "kalm" / "offline" / run, is_dir=True) as out:
+        learnable.save(str(out / "model.d3"))
+        write_json(out / "train.json", {
+            "algo": algo.algo, "benchmark": algo.benchmark, "data": data, "seed": seed, "steps": algo.steps,
+            "transitions": dataset.transition_count, "episodes": len(episodes), "mix": mix,
+            "seconds": round(seconds, 2), "updates_per_s": round(algo.steps / seconds, 1),
+            "curve": rows, "env": fingerprint_line()})
+    log.info("%s: %d updates in %.1fs (%.0f/s)", run, algo.steps, seconds, algo.steps / seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Stage props_grpo: GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM on scored MountainCarContinuous points.
+
+Reads ``props.space`` (the one parameter range) and ``props.grpo``. Writes the LoRA adapter ``models/props/grpo``
+(byte-stable), ``data/props/grpo/`` (every scored vector with its split, seeds and returns; every sampled
+completion with its four rewards; the rendered first prompt), ``metrics/props/grpo.json`` and dvclive curves under
+``plots/props/grpo``.
+"""
+
+from common import ROOT, log, stage_params  # isort: skip
+
+import json
+import tempfile
+import time
+
+from datasets import Dataset
+from dvclive import Live
+
+from llmrl.algos.grpo import build_grpo_trainer, recording, save_adapter, train
+from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, sample_scored_vectors, \
+    split_indices
+from llmrl.algos.props_prompts import PromptSettings
+from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
+from llmrl.envs.control import get_task
+from llmrl.fingerprint import fingerprint_line
+from llmrl.io import write_json, write_text
+from llmrl.llm import load_model
+from llmrl.seeding import seed_everything
+
+ADAPTER = ROOT / "models" / "props" / "grpo"
+DATA = ROOT / "data" / "props" / "grpo"
+METRICS = ROOT / "metrics" / "props" / "grpo.json"
+PLOTS = ROOT / "plots" / "props" / "grpo"
+
+
+def jsonl(rows) -> str:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+
+
+def main() -> None:
+    space = stage_params("props.space", PropsSpaceParams)
+    p = stage_params("props.grpo", PropsGRPOParams)
+    seed_everything(p.seed)
+    t0 = time.perf_counter()
+    task = get_task(p.task)
+
+    # Data: vectors from the one range, scored; 80/20 split; only the train split is trained on.
+    data = sample_scored_vectors(task, p.vectors, p.episodes, low=space.low, high=space.high,
+                                 decimals=space.decimals, seed=p.seed, max_episode_steps=p.max_episode_steps)
+    train_idx, test_idx = split_indices(p.vectors, p.test_fraction, p.seed)
+    settings = PromptSettings(low=space.low, high=space.high, decimals=space.decimals,
+                              step_size=p.step_size or task.step_size,
+                              optimum=task.optimum if p.optimum_hint else None, episodes=p.episodes)
+    rollout_seed_base = (p.seed + 1) * 1_000_000_000  # reward rollouts never reuse a scoring episode's seed
+    records = {split: build_records(task, data, idx, settings, iteration=p.iteration,
+                                    total_iterations=p.total_iterations, rollout_seed_base=rollout_seed_base)
+               for split, idx in (("train", train_idx), ("test", test_idx))}
+    data_s = time.perf_counter() - t0
+    log.info("%d vectors scored over %d episodes in %.1f s (mean return %.2f); %d train / %d test prompts",
+             p.vectors, p.episodes, data_s, data.returns.mean(), len(train_idx), len(test_idx))
+
+    model_spec = str(ROOT / p.model) if (ROOT / p.model).is_dir() else p.model
+    llm = load_model(model_spec, device=p.device, dtype=p.dtype)  # plain: TRL attaches the adapter
+    n_params = len(records["train"][0]["old_params"])
+    rewards = make_reward_funcs(RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
+                                               return_floor=p.return_floor, return_span=p.return_span,
+                                               max_episode_steps=p.max_episode_steps))
+    completions: list[dict] = []
+    rows: list[dict] = []
+    ADAPTER.parent.mkdir(parents=True, exist_ok=True)
+    t_train = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=".props_grpo_trl.", dir=ADAPTER.parent) as trl_dir, \
+            Live(dir=str(PLOTS), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+        run = build_grpo_trainer(llm, Dataset.from_list(records["train"]),
+                                 recording(rewards, completions, keys=("id",)), p.trainer, trl_dir)
+        for row in train(run):
+            rows.append(row)
+            for key, value in row.items():
+                if key != "step":
+                    live.log_metric(f"train/{key}", value)
+            live.next_step()
+            log.info("step %d: reward %.3f (format soft %.2f, hard %.2f, policy %.3f, improvement %.3f), loss %.4f",
+                     row["step"], row.get("reward_mean", float("nan")), row.get("reward_format_soft", float("nan")),
+                     row.get("reward_format_hard", float("nan")), row.get("reward_policy", float("nan")),
+                     row.get("reward_improvement", float("nan")), row["loss"])
+        train_s = time.perf_counter() - t_train
+        save_adapter(run.trainer.model, ADAPTER, base_model=p.model)
+
+    held_out = set(test_idx.tolist())
+    vectors = [{"id": i, "split": "test" if i in held_out else "train",
+                "params": data.params[i].tolist(), "returns": data.returns[i].tolist(),
+                "seeds": data.seeds[i].tolist()} for i in range(p.vectors)]
+    write_text(DATA / "vectors.jsonl", jsonl(vectors))
+    write_text(DATA / "completions.jsonl", jsonl(completions))
+    write_text(DATA / "test_prompts.jsonl", jsonl(records["test"]))
+    write_text(DATA / "prompt_example.txt", llm.tokenizer.apply_chat_template(
+        records["train"][0]["prompt"], tokenize=False, add_generation_prompt=True))
+
+    def first_last(key: str) -> list[float | None]:
+        values = [r[key] for r in rows if key in r]
+        return [values[0], values[-1]] if values else [None, None]
+
+    metrics = {
+        "steps": len(rows),
+        "completions": len(completions),
+        "train_prompts": len(train_idx),
+        "test_prompts": len(test_idx),
+        "truncated_prompts": run.truncated_prompts,
+        "reward_mean_first_last": first_last("reward_mean"),
+        "format_hard_rate_first_last": first_last("reward_format_hard"),
+        "format_hard_rate_all": (sum(c["reward_format_hard"] for c in completions) / len(completions)
+                                 if completions else None),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "train_seconds": round(train_s, 1),
+        "env": fingerprint_line(),
+    }
+    write_json(METRICS, metrics)
+    log.info("props_grpo: %d steps, %d completions in %.0f s (train %.0f s); format-hard %s; reward %s",
+             metrics["steps"], metrics["completions"], metrics["seconds"], train_s,
+             metrics["format_hard_rate_first_last"], metrics["reward_mean_first_last"])
+
+
+if __name__ == "__main__":
+    main()

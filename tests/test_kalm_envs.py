@@ -1,0 +1,205 @@
+"""KALM goals, splits, levels and goal environments (Meta-World fixed tasks, BabyAI goal rooms)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from llmrl.data.kalm_data import expert_episodes, labelled_episode, rule_agreement
+from llmrl.data.trajectories import TrajectoryWriter
+from llmrl.envs import kalm_babyai as bab
+from llmrl.envs import kalm_levels as kl
+from llmrl.envs import metaworld_tasks as mw
+
+
+@pytest.mark.parametrize("benchmark", kl.BENCHMARKS)
+def test_splits_disjoint_and_levels_complete(benchmark):
+    by_split = {s: kl.goals(benchmark, s) for s in kl.SPLITS}
+    pairs = {s: {(g.task, g.instruction) for g in gs} for s, gs in by_split.items()}
+    assert all(pairs.values())
+    assert not pairs["train"] & pairs["validation"]
+    assert not pairs["train"] & pairs["test"]
+    assert not pairs["validation"] & pairs["test"]
+    train_texts = {g.instruction for g in by_split["train"]}
+    # held-out phrasings never occur in training, under any task
+    assert not train_texts & {g.instruction for g in by_split["validation"]}
+    assert not train_texts & {g.instruction for g in by_split["test"]}
+    train_tasks = {g.task for g in by_split["train"]}
+    assert {g.task for g in kl.goals(benchmark, "rephrase")} <= train_tasks
+    assert not {g.task for g in kl.goals(benchmark, "easy")} & train_tasks
+    assert not {g.task for g in kl.goals(benchmark, "hard")} & train_tasks
+    assert sum(len(kl.goals(benchmark, lv)) for lv in kl.LEVELS) == len(by_split["test"])
+    for g in by_split["test"]:
+        assert g.split == "test" and g.level in kl.LEVELS
+
+
+def test_metaworld_levels_are_kalms_tasks():
+    train = {g.task for g in kl.goals("metaworld", "train")}
+    assert train == set(kl.METAWORLD_TRAIN_TASKS) and len(train) == 10
+    assert {g.task for g in kl.goals("metaworld", "easy")} == set(kl.METAWORLD_EASY_TASKS)
+    assert {g.task for g in kl.goals("metaworld", "hard")} == {"hammer", "soccer", "make-coffee", "locked-door-open"}
+    for task, phrasings in kl.METAWORLD_PHRASINGS.items():
+        assert len(set(phrasings)) >= 10, task
+
+
+def test_babyai_easy_is_unseen_combinations_and_hard_is_composition():
+    train_combos = {tuple(g.task.split(":")[1:]) for g in kl.goals("babyai", "train")}
+    easy_combos = {tuple(g.task.split(":")[1:]) for g in kl.goals("babyai", "easy")}
+    assert easy_combos and not easy_combos & train_combos
+    assert {g.task.split(":")[0] for g in kl.goals("babyai", "easy")} <= {"goto", "pickup"}
+    assert all(">" in g.task for g in kl.goals("babyai", "hard"))
+    assert not any(">" in g.task for g in kl.goals("babyai", "train"))
+
+
+def test_unknown_level_benchmark_and_task_raise_named_errors():
+    with pytest.raises(kl.UnknownLevelError, match="'medium'"):
+        kl.goals("babyai", "medium")
+    with pytest.raises(kl.UnknownLevelError, match="'atari'"):
+        kl.goals("atari", "easy")
+    with pytest.raises(bab.BadTaskError, match="goto:red:dragon"):
+        bab.parse_task("goto:red:dragon")
+    with pytest.raises(mw.UnknownTaskError):
+        mw.make_task_env("juggle")
+
+
+def test_wrong_observation_size_raises_before_anything_is_written(tmp_path):
+    goal = kl.goals("babyai", "train")[0]
+    with pytest.raises(kl.ObservationSizeError, match="size 151"):
+        kl.obs_success(goal, np.zeros(39, np.float32))
+    with pytest.raises(kl.ObservationSizeError, match="observations_next"):
+        kl.label_rewards(goal, np.zeros((3, 150), np.float32))
+    path = tmp_path / "kalm.h5"
+    with pytest.raises(kl.ObservationSizeError, match="observations"):
+        with TrajectoryWriter(path) as writer:
+            writer.append(labelled_episode(goal, np.zeros((4, 39)), np.zeros(4, int), np.zeros((4, 39)),
+                                           seed=0, policy="bad", info={"success": False}))
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def _one_goal_per_task(benchmark):
+    seen, out = set(), []
+    for g in kl.all_goals(benchmark):
+        if g.task not in seen:
+            seen.add(g.task)
+            out.append(g)
+    return out
+
+
+def _determinism(env, actions, seed):
+    runs = []
+    for _ in range(2):
+        obs, _ = env.reset(seed=seed)
+        trace = [obs]
+        for a in actions:
+            obs, r, term, trunc, _info = env.step(a)
+            trace.append(np.append(obs, [r, term, trunc]))
+            if term or trunc:
+                break
+        runs.append(np.concatenate(trace))
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_every_babyai_goal_env_passes_check_env_and_is_deterministic():
+    rng = np.random.default_rng(0)
+    for goal in _one_goal_per_task("babyai"):
+        env = kl.make_goal_env(goal, seed=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_env(env, skip_render_check=True)
+        obs, _ = env.reset(seed=3)
+        assert obs.shape == (kl.obs_dim("babyai"),) and obs.dtype == np.float32
+        assert env.unwrapped.mission == goal.instruction
+        _determinism(env, rng.integers(0, 7, 20), seed=5)
+        # two envs built apart give the same episode for the same seed
+        other = kl.make_goal_env(goal, seed=3)
+        np.testing.assert_array_equal(other.reset(seed=11)[0], env.reset(seed=11)[0])
+
+
+@pytest.mark.parametrize("goal", _one_goal_per_task("metaworld"), ids=lambda g: g.task)
+def test_every_metaworld_goal_env_passes_check_env_and_is_deterministic(goal):
+    rng = np.random.default_rng(0)
+    settings = kl.EnvSettings(max_steps=12)
+    env = kl.make_goal_env(goal, seed=0, settings=settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == (39,) and obs.dtype == np.float32
+    _determinism(env, rng.uniform(-1, 1, (12, 4)).astype(np.float32), seed=7)
+    a, _ = env.reset(seed=2)
+    b, _ = env.reset(seed=52)  # same variation (seed % 50), same start
+    np.testing.assert_allclose(a[36:39], b[36:39])
+    env.close()
+
+
+def test_babyai_rule_equals_env_success_at_every_step_of_random_episodes():
+    """The rule reads success off the observation exactly as BabyAI's verifier decides it (all levels)."""
+    rng = np.random.default_rng(1)
+    fired = 0
+    for level in ("train", "easy", "hard"):
+        for i, goal in enumerate(kl.goals("babyai", level)[::5]):
+            env = kl.make_goal_env(goal, seed=i, settings=kl.EnvSettings(max_steps=60, room_size=6,
+                                                                         num_distractors=1))
+            obs, _ = env.reset(seed=i)
+            assert not kl.obs_success(goal, obs)
+            while True:
+                obs, _r, term, trunc, info = env.step(int(rng.integers(0, 4)))
+                assert kl.obs_success(goal, obs) == info["success"], (goal, level)
+                fired += info["success"]
+                if term or trunc:
+                    break
+    assert fired > 5  # the check met successes, not only failures
+
+
+def test_babyai_bot_data_is_labelled_by_the_rule():
+    goals = kl.goals("babyai", "train")[:12] + kl.goals("babyai", "easy")[:4]
+    eps = list(expert_episodes("babyai", goals, 2, seed=0, settings=kl.EnvSettings(max_steps=64)))
+    assert len(eps) == 2 * len({g.task for g in goals})
+    for ep in eps:
+        assert ep.info["success"] and ep.info["rule_success"]
+        assert ep.rewards[-1] == 1.0 and ep.terminated[-1] and ep.rewards[:-1].sum() == 0
+        np.testing.assert_array_equal(ep.observations["obs"][1:], ep.observations["next_obs"][:-1])
+    assert rule_agreement(eps)["agreement"] == 1.0
+
+
+def test_metaworld_scripted_push_and_two_stage_make_coffee():
+    settings = kl.EnvSettings(max_steps=150)
+    push = kl.Goal("metaworld", "push", "push the puck to the goal", "train", "train")
+    eps = list(expert_episodes("metaworld", [push], 2, seed=0, settings=settings, action_noise=0.1))
+    for ep in eps:
+        assert ep.info["success"] and ep.info["rule_success"]
+        assert ep.observations["obs"].shape[1] == 39 and ep.actions.shape[1] == 4
+        assert np.abs(ep.actions).max() <= 1.0
+    coffee = kl.goals("metaworld", "hard")[4]
+    assert coffee.task == "make-coffee"
+    env = kl.make_goal_env(coffee, seed=0, settings=settings)
+    expert = mw.ScriptedPolicy("make-coffee")
+    obs, info = env.reset(seed=0)
+    stages, rule_steps = [], []
+    for t in range(150):
+        obs, _r, term, trunc, info = env.step(expert.act(obs, info))
+        stages.append(info["stage"])
+        if kl.obs_success(coffee, obs):
+            rule_steps.append(t)
+        if term or trunc:
+            break
+    assert info["success"] and term
+    assert 0 in stages and 1 in stages and stages[-1] == 1
+    assert rule_steps == [t]  # the rule fires on the final (second-stage) success only
+
+
+def test_label_rewards_cuts_at_first_rule_success():
+    goal = kl.Goal("metaworld", "reach", "reach the goal position", "train", "train")
+    obs = np.zeros((5, 39), np.float32)
+    obs[:, 36:39] = [0.1, 0.8, 0.2]
+    obs[:, 0:3] = [0.5, 0.5, 0.5]
+    obs[3, 0:3] = [0.1, 0.8, 0.21]  # within 0.05 of the goal at step 3
+    obs[4, 0:3] = [0.1, 0.8, 0.2]
+    rewards, terminated = kl.label_rewards(goal, obs)
+    np.testing.assert_array_equal(rewards, [0, 0, 0, 1])
+    np.testing.assert_array_equal(terminated, [False, False, False, True])
+    rewards, terminated = kl.label_rewards(goal, obs[:3])
+    assert rewards.sum() == 0 and not terminated.any() and len(rewards) == 3
