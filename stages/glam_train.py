@@ -61,8 +61,12 @@ def main() -> None:
             live.step = row["update"]
             for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):
                 live.log_metric(k, row[k])
+    # Headline figures of the last update in the shared vocabulary; the per-update curves are the dvclive plots.
+    last = history[-1]
     write_json(ROOT / "metrics" / "glam" / "train" / f"{item}.json",
-               {"item": item, "final": history[-1], "updates": history, "wall_s": time.perf_counter() - start})
+               {**{k: round(float(last[k]), 4) for k in ("success_rate", "return_mean", "policy_loss", "value_loss",
+                                                         "entropy", "approx_kl")},
+                "env_steps": int(last["frames"]), "seconds": round(time.perf_counter() - start, 1)})
     checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
 
 

@@ -1,8 +1,8 @@
 """Stage props_eval: ProPS, ProPS+, the GRPO-tuned optimizer and every baseline side by side, per task, at equal
 episode budgets, with seed-level intervals of the held-out return of each run's final policy.
 
-Writes metrics/props/eval/<task>.json (headline: held-out return with interval per method, parse-failure rate of the
-LLM methods), metrics/props/eval/transfer.json (base vs tuned optimizer per task), the full report
+Writes metrics/props/eval/<task>/<method>.json (headline: held-out return with interval, parse-failure rate of the
+LLM methods), metrics/props/eval/transfer/<task>/<base|tuned>.json (base vs tuned optimizer per task), the full report
 plots/props/report.json (best search return, episodes, LLM calls, tokens, re-asks, parse-failure, duplicate and
 fallback rates, seconds per iteration, per-seed values; a plain out), curves of best return vs episodes per
 method (dvclive, plots/props/curves/<task>/<method>/) and an MP4 of the best LLM-found policy's held-out
@@ -28,11 +28,15 @@ DATA = ROOT / "data" / "props"
 
 
 def compact(h: dict) -> dict:
-    """The few numbers per method that go into `dvc metrics show`."""
-    out = {"final_return": h["final"]["value"], "ci_low": h["final"]["ci_low"], "ci_high": h["final"]["ci_high"]}
+    """The few numbers per method that go into `dvc metrics show`, in the project's headline vocabulary
+    (held-out greedy return of the final policies; one file per method, so one row each)."""
+    f = h["final"]
+    out = {"greedy": {"return": f["value"], "return_lo": f["ci_low"], "return_hi": f["ci_high"],
+                      "seeds": f["n_seeds"], "episodes": f["episodes"]},
+           "train_episodes": h["episodes"]}
     if "llm" in h:
-        out["parse_failure_rate"] = h["llm"]["parse_failure_rate"]
-    return out
+        out["parse_failure"] = h["llm"]["parse_failure_rate"]
+    return {**out, "env": fingerprint_line()}
 
 
 def main() -> None:
@@ -51,7 +55,8 @@ def main() -> None:
             methods = list(dict.fromkeys(r["method"] for r in runs))
             table = {m: headline([r for r in runs if r["method"] == m], **kw) for m in methods}
             report["tasks"][key] = table
-            write_json(mdir / f"{key}.json", {"env": fingerprint_line(), **{m: compact(h) for m, h in table.items()}})
+            for m, h in table.items():
+                write_json(mdir / key / f"{m}.json", compact(h))
             log_curves(ROOT / "plots" / "props" / "curves" / key, runs)
             for m, h in table.items():
                 log.info("%s %-14s held-out %.2f [%.2f, %.2f], best in search %.2f, %d episodes%s", key, m,
@@ -72,8 +77,9 @@ def main() -> None:
                 if mine:
                     tr_table.setdefault(key, {})[opt] = headline(mine, **kw)
         report["transfer"] = {"adapter": transfer["adapter"], "iterations": transfer["iterations"], "tasks": tr_table}
-        write_json(mdir / "transfer.json", {"env": fingerprint_line(),
-                                            **{k: {o: compact(h) for o, h in v.items()} for k, v in tr_table.items()}})
+        for k, v in tr_table.items():
+            for o, h in v.items():
+                write_json(mdir / "transfer" / k / f"{o}.json", compact(h))
     write_json(ROOT / "plots" / "props" / "report.json", report)
     write_json(ROOT / "plots" / "props" / "environment.json", environment_fingerprint())
 

@@ -124,11 +124,11 @@ def main() -> None:
         write_text(tmp / "rollouts.jsonl", "".join(json.dumps(r) + "\n" for r in rollouts))
         write_text(tmp / "prompt_example.txt", llm.render(build_messages(problems[0]["problem"], shots)))
     rewards = [h["average_reward"] for h in history if "average_reward" in h]
+    # Headline figures; the per-iteration history is the dvclive plot and the adapter folder's rollouts.
     write_json(ROOT / "metrics" / "math" / f"train_{variant}.json", {
-        "variant": variant, "model": c.model, "iterations": c.iterations, "train_seconds": seconds,
-        "samples": len(rollouts), "samples_per_second": len(rollouts) / seconds,
-        "reward_first": rewards[0], "reward_last": rewards[-1], "reward_mean": float(np.mean(rewards)),
-        "history": history})
+        "iterations": c.iterations, "samples": len(rollouts), "seconds": round(seconds, 1),
+        "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4),
+        "reward_mean": round(float(np.mean(rewards)), 4)})
     checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
     log.info("%s: %d samples in %.0f s, reward %.3f -> %.3f", variant, len(rollouts), seconds, rewards[0],
              rewards[-1])

@@ -29,10 +29,11 @@ def _declared_metrics() -> list[str]:
 def _metric_files() -> list[Path]:
     files = []
     for pattern in _declared_metrics():
-        # foreach/matrix templates (${item...}) match every generated file
-        glob = pattern.split("${")[0]
-        base = ROOT / glob
-        candidates = [base] if base.is_file() else sorted(base.parent.glob(base.name + "*"))
+        if "${" in pattern:  # foreach/matrix templates (${item...}) match every generated file
+            base = ROOT / pattern.split("${")[0]
+            candidates = sorted(base.parent.glob(base.name + "*"))
+        else:
+            candidates = [ROOT / pattern]
         for c in candidates:
             files += [c] if c.is_file() else sorted(c.rglob("*.json"))
     return sorted(set(files))

@@ -1,7 +1,7 @@
 """One LLM4Teach training run of each kind, from the typed ``teach`` params: a PPO student on a DoorKey-family
 task and MAPPO on MPE simple_spread, each with an optional teacher.
 
-Shared by the training stages and the validation selection (``bench/teach_select.py``) so both train exactly
+Shared by the training stages and the validation selection (``scripts/teach_select.py``) so both train exactly
 the same way. The learning curve is measured through a callback (``measure(agent, frames) -> dict``) the
 caller builds from the evaluation layer, so this module stays free of evaluation code.
 """

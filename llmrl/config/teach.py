@@ -94,7 +94,7 @@ class TeachValidationParams(Section):
     seed: int = Field(300000, ge=0, description="first validation level seed (DoorKey levels; MPE: the episode "
                       "stream's seed); disjoint from the test levels (eval.seed..), the learning-curve levels "
                       "(train.curve_seed..) and the training seeds. Every selection of settings scores on these "
-                      "only (bench/teach_select.py), never on the test levels")
+                      "only (scripts/teach_select.py), never on the test levels")
     episodes: int = Field(50, gt=0, description="validation episodes per candidate and tuning seed")
     selection: str = Field("metrics/teach/selection.json", description="the record of the last selection "
                            "(candidates, validation scores per tuning seed, the pick); a plain file, not a metric")
