@@ -43,7 +43,7 @@ def run_benchmark(benchmark: str) -> dict:
     p = stage_params("kalm.eval", KalmEvalParams)
     off = stage_params("kalm.offline", KalmOfflineParams)
     env_p = stage_params("kalm.env", KalmEnvParams)
-    runs = [(f"{name}-{data}", MODELS / f"{name}-{data}-{seed}" / "model.d3")
+    runs = [(f"{name}-{data}", MODELS / f"{name}-{data}" / f"seed-{seed}" / "model.d3")
             for name, algo in off.algos.items() if algo.benchmark == benchmark
             for data in off.data for seed in off.seeds]
     agent = grounded_agent() if p.grounded_episodes else None

@@ -1,15 +1,20 @@
-"""Stage kalm_offline@<algo>-<data>-<seed>: one d3rlpy run on real or real + imagined KALM data.
+"""Stage kalm_offline@<algo>-<data>: d3rlpy runs on real or real + imagined KALM data, one per seed of
+kalm.offline.seeds, ``kalm.offline.workers`` at a time (each alone in a single-threaded process).
 
-Usage: python stages/kalm_offline.py <algo> <real|imagine> <seed>, <algo> a key of kalm.offline.algos.
-Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also data/kalm/imagine/<benchmark>_<level>.h5
-for each of kalm.offline.imagined_levels. Writes models/kalm/offline/<algo>-<data>-<seed>/ (model.d3, loadable with
-d3rlpy.load_learnable; train.json: curve, mix, time — a plain out) and a dvclive loss curve.
+Usage: python stages/kalm_offline.py <algo> <real|imagine>, <algo> a key of kalm.offline.algos.
+Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also
+data/kalm/imagine/<benchmark>_<level>.h5 for each of kalm.offline.imagined_levels. Writes, per seed k,
+models/kalm/offline/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; train.json: curve, mix,
+time) and a dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; the item's folders are published
+together.
 """
 
 from common import ROOT, log, stage_params  # isort: skip
 
+import functools
 import sys
 import time
+from pathlib import Path
 
 from dvclive import Live
 
@@ -17,8 +22,9 @@ from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes
 from llmrl.config.kalm import KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import atomic_path, write_json
 from llmrl.data.embeddings import EmbeddingTable
+from llmrl.io import atomic_path, write_json
+from llmrl.parallel import run_seeds
 
 DATA = ROOT / "data" / "kalm"
 
@@ -27,13 +33,8 @@ def imagined_paths(benchmark: str, levels) -> list:
     return [DATA / "imagine" / f"{benchmark}_{level}.h5" for level in levels]
 
 
-def main() -> None:
-    name, data, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> None:
     p = stage_params("kalm.offline", KalmOfflineParams)
-    if name not in p.algos:
-        sys.exit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
-    if data not in p.data or seed not in p.seeds:
-        sys.exit(f"kalm_offline: data {data!r} / seed {seed} not in kalm.offline.data {p.data} / seeds {p.seeds}")
     algo = p.algos[name]
     run = f"{name}-{data}-{seed}"
     episodes = read_episodes(DATA / "real" / f"{algo.benchmark}.h5")
@@ -42,7 +43,8 @@ def main() -> None:
         imagined = []
         for path in imagined_paths(algo.benchmark, p.imagined_levels):
             if not path.is_file():
-                sys.exit(f"kalm_offline {run}: imagined data file {path} is missing (stage kalm_imagine)")
+                raise FileNotFoundError(f"kalm_offline {run}: imagined data file {path} is missing (stage "
+                                        "kalm_imagine)")
             imagined += read_episodes(path)
         episodes, stats = mix_episodes(episodes, imagined, p.mix_ratio, seed)
         mix = {"real_steps": stats.real_steps, "imagined_steps": stats.imagined_steps,
@@ -54,7 +56,7 @@ def main() -> None:
     learnable = make_learnable(algo, seed, p.threads)
     rows = []
     start = time.perf_counter()
-    with Live(dir=str(ROOT / "plots" / "kalm" / "offline" / run), save_dvc_exp=False, dvcyaml=None,
+    with Live(dir=str(plots / f"seed-{seed}"), save_dvc_exp=False, dvcyaml=None,
               report=None) as live:
         for row in train_offline(learnable, dataset, algo.steps, p.log_every):
             rows.append(row)
@@ -63,14 +65,30 @@ def main() -> None:
                 if key != "step":
                     live.log_metric(key, value)
     seconds = time.perf_counter() - start
-    with atomic_path(ROOT / "models" / "kalm" / "offline" / run, is_dir=True) as out:
-        learnable.save(str(out / "model.d3"))
-        write_json(out / "train.json", {
-            "algo": algo.algo, "benchmark": algo.benchmark, "data": data, "seed": seed, "steps": algo.steps,
-            "transitions": dataset.transition_count, "episodes": len(episodes), "mix": mix,
-            "seconds": round(seconds, 2), "updates_per_s": round(algo.steps / seconds, 1),
-            "curve": rows, "env": fingerprint_line()})
+    out = models / f"seed-{seed}"
+    out.mkdir(parents=True)
+    learnable.save(str(out / "model.d3"))
+    write_json(out / "train.json", {
+        "algo": algo.algo, "benchmark": algo.benchmark, "data": data, "seed": seed, "steps": algo.steps,
+        "transitions": dataset.transition_count, "episodes": len(episodes), "mix": mix,
+        "seconds": round(seconds, 2), "updates_per_s": round(algo.steps / seconds, 1),
+        "curve": rows, "env": fingerprint_line()})
     log.info("%s: %d updates in %.1fs (%.0f/s)", run, algo.steps, seconds, algo.steps / seconds)
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit("usage: kalm_offline.py <algo> <real|imagine>")
+    name, data = sys.argv[1], sys.argv[2]
+    p = stage_params("kalm.offline", KalmOfflineParams)
+    if name not in p.algos:
+        sys.exit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
+    if data not in p.data:
+        sys.exit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
+    group = f"{name}-{data}"
+    with atomic_path(ROOT / "models" / "kalm" / "offline" / group, is_dir=True) as models, \
+            atomic_path(ROOT / "plots" / "kalm" / "offline" / group, is_dir=True) as plots:
+        run_seeds(functools.partial(run_seed, name, data, models=models, plots=plots), p.seeds, p.workers)
 
 
 if __name__ == "__main__":

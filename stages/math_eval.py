@@ -29,9 +29,9 @@ def main() -> None:
     test = read_jsonl(ROOT / "data" / "math" / "test.jsonl")[: p.n_problems]
     shots = read_jsonl(ROOT / "data" / "math" / "train.jsonl")[: common.few_shot]
     base = str(ROOT / common.model) if (ROOT / common.model).is_dir() else common.model
-    modes = {"greedy": SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=0.0, seed=p.seed),
-             "sampled": SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                                       seed=p.seed)}
+    cap = p.max_new_tokens or common.answer_tokens  # the budget both variants trained with
+    modes = {"greedy": SamplingConfig(max_new_tokens=cap, temperature=0.0, seed=p.seed),
+             "sampled": SamplingConfig(max_new_tokens=cap, temperature=p.temperature, top_p=p.top_p, seed=p.seed)}
     rows = []
     with Live(dir=str(ROOT / "plots" / "math" / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live, \
             atomic_path(ROOT / "metrics" / "math" / "responses", is_dir=True) as resp_dir, \
@@ -57,7 +57,11 @@ def main() -> None:
                              "ci_high": h["success_hi"]})
                 log.info("%s %s: %.3f [%.3f, %.3f] on %d problems, %.1f%% truncated, in %.0f s", name, mode,
                          h["success"], h["success_lo"], h["success_hi"], n, 100 * entry[mode]["truncated"], seconds)
-            write_json(eval_dir / f"{name}.json", metrics_entry(entry, max_new_tokens=p.max_new_tokens))
+                if entry[mode]["truncated"] > p.max_truncated:
+                    log.warning("math_eval.max_new_tokens: the cap of %d tokens cuts %.0f%% of %s's %s answers "
+                                "(> max_truncated %.0f%%); raise it for a fair comparison", cap,
+                                100 * entry[mode]["truncated"], name, mode, 100 * p.max_truncated)
+            write_json(eval_dir / f"{name}.json", metrics_entry(entry, max_new_tokens=cap))
             del llm
         live.log_plot("accuracy_by_model", rows, x="accuracy", y="model", template="bar_horizontal",
                       title="Math test accuracy (95% intervals in metrics/math/eval/)")

@@ -34,9 +34,10 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live
     c, r = p.common, p.reinforce_kl
     cfg = ReinforceKLConfig(
         iterations=c.iterations, problems_per_iteration=c.problems_per_iteration, group_size=c.group_size,
-        max_steps=r.max_steps, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+        max_steps=r.max_steps, max_new_tokens=c.line_tokens, answer_tokens=c.answer_tokens,
+        temperature=c.temperature, top_p=c.top_p,
         calculator=r.calculator, beta=r.beta, ref_update_iterations=r.ref_update_iterations, gamma=r.gamma,
-        baseline=r.baseline, lr=c.lr, lr_end_factor=r.lr_end_factor, grad_clip=r.grad_clip,
+        baseline=r.baseline, lr=c.lr, lr_schedule=c.lr_schedule, grad_clip=c.grad_clip,
         micro_batch=c.micro_batch, epochs=r.epochs, gen_batch_size=c.gen_batch_size, seed=c.seed)
     algo = ReinforceKL(llm, cfg, problems, shots)
     history, rollouts = [], []
@@ -58,8 +59,8 @@ def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live: Live, workdi
     c, g = p.common, p.grpo
     cfg = GRPOMathConfig(
         iterations=c.iterations, problems_per_iteration=c.problems_per_iteration, group_size=c.group_size,
-        micro_batch=c.micro_batch, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-        learning_rate=g.learning_rate or c.lr, loss_type=g.loss_type, beta=g.beta,
+        micro_batch=c.micro_batch, max_new_tokens=c.answer_tokens, temperature=c.temperature, top_p=c.top_p,
+        learning_rate=g.learning_rate or c.lr, lr_schedule=c.lr_schedule, grad_clip=c.grad_clip, loss_type=g.loss_type, beta=g.beta,
         num_iterations=g.num_iterations, epsilon=g.epsilon, scale_rewards=g.scale_rewards,
         lora_r=c.lora.r if c.lora else None, lora_alpha=c.lora.alpha if c.lora else 32,
         lora_dropout=c.lora.dropout if c.lora else 0.0, seed=c.seed, bf16=llm.dtype == torch.bfloat16)
@@ -124,11 +125,14 @@ def main() -> None:
         write_text(tmp / "rollouts.jsonl", "".join(json.dumps(r) + "\n" for r in rollouts))
         write_text(tmp / "prompt_example.txt", llm.render(build_messages(problems[0]["problem"], shots)))
     rewards = [h["average_reward"] for h in history if "average_reward" in h]
-    # Headline figures; the per-iteration history is the dvclive plot and the adapter folder's rollouts.
+    steps = sum(h["optimizer_steps"] for h in history) if variant == "reinforce_kl" else len(history)
+    tokens = [r["tokens"] for r in rollouts if r.get("tokens") is not None]
+    # Headline figures; the per-iteration history is the dvclive plot and the adapter folder's rollouts. The
+    # budget fields let a reader check the two variants were compared on equal terms.
     write_json(ROOT / "metrics" / "math" / f"train_{variant}.json", {
-        "iterations": c.iterations, "samples": len(rollouts), "seconds": round(seconds, 1),
-        "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4),
-        "reward_mean": round(float(np.mean(rewards)), 4)})
+        "samples": len(rollouts), "optimizer_steps": steps, "answer_tokens": c.answer_tokens,
+        "tokens": round(float(np.mean(tokens)), 1) if tokens else None,  # generated per sample
+        "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4), "seconds": round(seconds, 1)})
     checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
     log.info("%s: %d samples in %.0f s, reward %.3f -> %.3f", variant, len(rollouts), seconds, rewards[0],
              rewards[-1])

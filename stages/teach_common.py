@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from common import ROOT  # isort: skip
 
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -25,7 +29,8 @@ from llmrl.agents.teacher import (
 from llmrl.config.teach import TeachTeacherParams
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import ENV_ID as MPE_ID
-from llmrl.io import write_json
+from llmrl.io import atomic_path, write_json
+from llmrl.parallel import run_seeds
 from llmrl.llm.backends import CachedBackend, ReplyCache
 from llmrl.llm.generate import SamplingConfig
 
@@ -53,8 +58,11 @@ def _backend_factory(p: TeachTeacherParams):
     if p.backend == "openai":
         from llmrl.llm.backends import OpenAIChatBackend
 
-        return (f"openai:{p.openai_model}@{p.openai_base_url}",
-                lambda: OpenAIChatBackend(p.openai_model, p.openai_base_url, api_key_env=p.api_key_env))
+        # The endpoint's URL is not part of the identity (nor of the reply-cache keys): the same model behind
+        # another spelling of the URL replays the same cache.
+        return (f"openai:{p.openai_model}",
+                lambda: OpenAIChatBackend(p.openai_model, p.openai_base_url, api_key_env=p.api_key_env,
+                                          timeout_s=p.timeout_s, max_retries=p.max_retries))
 
     def local():
         from llmrl.llm.load import load_model
@@ -82,9 +90,38 @@ def make_teacher(key: str, teacher: str, p: TeachTeacherParams, n_actions: int) 
     return TeacherPolicy(task_kind(key), make_planner(key, teacher, p, offline=True), n_actions)
 
 
-def save_run(run: str, agent: nn.Module, metrics: dict, **extra) -> None:
-    """models/teach/<run>/student.pt (with the run's metrics minus wall-clock fields, so the same training
-    gives the same bytes on any machine) and metrics/teach/train/<run>.json."""
+def group_name(key: str, teacher: str) -> str:
+    """One stage item: every seed of one task and teacher (``simpledoorkey-llm``, ``mpe-none``)."""
+    return f"{'mpe' if key == MPE_KEY else key}-{teacher}"
+
+
+def student_file(models: Path, seed: int) -> Path:
+    """A seed's student in a group's model folder (``models/teach/<group>``)."""
+    return models / f"seed-{seed}" / "student.pt"
+
+
+def train_record_file(records: Path, seed: int) -> Path:
+    """A seed's training record in a group's record folder (``metrics/teach/train/<group>``)."""
+    return records / f"seed-{seed}.json"
+
+
+def save_run(seed: int, agent: nn.Module, metrics: dict, *, models: Path, records: Path, **extra) -> None:
+    """The seed's student.pt (with the run's metrics minus wall-clock fields, so the same training gives the same
+    bytes on any machine) and its training record, in the group's folders."""
     timeless = {k: v for k, v in metrics.items() if k not in ("seconds", "cpu_seconds", "fps")}
-    save_student(MODELS / run / "student.pt", agent, {"run": timeless, **extra})
-    write_json(METRICS / "train" / f"{run}.json", metrics)
+    save_student(student_file(models, seed), agent, {"run": timeless, **extra})
+    write_json(train_record_file(records, seed), metrics)
+
+
+def train_group(group: str, seeds: Sequence[int], workers: int, run_seed: Callable[..., None]) -> None:
+    """Train every seed of one stage item, ``workers`` processes side by side, and publish the group's models,
+    records and curves together: a killed or failed item leaves the previous group whole.
+
+    ``run_seed(seed, models=, records=, plots=)`` trains one seed into the group's temporary folders. Each seed
+    runs alone in a single-threaded process, as when every seed was its own stage, so the bytes do not depend
+    on ``workers``.
+    """
+    with atomic_path(MODELS / group, is_dir=True) as models, \
+            atomic_path(METRICS / "train" / group, is_dir=True) as records, \
+            atomic_path(PLOTS / "train" / group, is_dir=True) as plots:
+        run_seeds(functools.partial(run_seed, models=models, records=records, plots=plots), seeds, workers)

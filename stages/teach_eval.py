@@ -9,7 +9,8 @@ and a dvclive bar plot of greedy success (MPE: mean return).
 """
 
 from common import ROOT, log, stage_params  # isort: skip
-from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, make_teacher  # isort: skip
+from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, group_name, make_teacher, student_file, \
+    train_record_file  # isort: skip
 
 import json
 
@@ -29,8 +30,8 @@ from llmrl.eval.teach_report import beats_random, result_check, return_headline
 from llmrl.io import atomic_path, write_json
 
 
-def train_record(run: str) -> dict:
-    return json.loads((METRICS / "train" / f"{run}.json").read_text())
+def train_record(group: str, seed: int) -> dict:
+    return json.loads(train_record_file(METRICS / "train" / group, seed).read_text())
 
 
 def successes(results) -> list[list[float]]:
@@ -53,18 +54,18 @@ def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, epis
     ppo = None
     for teacher in p.train.teachers:
         label = "ppo" if teacher == "none" else f"student_{teacher}"
-        runs = [f"{key}-{teacher}-{seed}" for seed in p.train.seeds]
+        group = group_name(key, teacher)
         by_mode = {}
         for mode in ("greedy", "sampled"):
             by_mode[mode] = []
-            for seed, run in zip(p.train.seeds, runs):
-                model, _ = load_student(MODELS / run / "student.pt")
+            for seed in p.train.seeds:
+                model, _ = load_student(student_file(MODELS / group, seed))
                 r = evaluate_batched(StudentPolicy(model, f"{label}-{seed}"), lambda: make_env(eid), seeds,
                                      mode=mode, n_envs=len(seeds), progress=False)
                 write_json(episodes_dir / f"{key}_{label}_{seed}_{mode}.json", r.table())
                 by_mode[mode].append(r)
         greedy = aggregate_seeds(successes(by_mode["greedy"]))
-        records = [train_record(run) for run in runs]
+        records = [train_record(group, seed) for seed in p.train.seeds]
         aulc = aggregate_seeds([[r["aulc"]] for r in records])  # one value per seed: a bootstrap over seeds
         flag = beats_random(greedy, random_success.value)
         write_json(eval_dir / key / f"{label}.json",
@@ -112,13 +113,13 @@ def eval_mpe(p: TeachParams, eval_dir, rows: list[dict]) -> dict:
         label = "mappo" if teacher == "none" else f"student_{teacher}"
         per_seed = []
         for seed in m.seeds:
-            model, _ = load_student(MODELS / f"mpe-{teacher}-{seed}" / "student.pt")
+            model, _ = load_student(student_file(MODELS / group_name(MPE_KEY, teacher), seed))
             per_seed.append(evaluate_spread(greedy_joint_policy(model), e.episodes, e.seed, **kw))
         agg = aggregate_seeds(per_seed)
         flag = beats_random(agg, random_value)
         write_json(eval_dir / "mpe" / f"{label}.json",
                    metrics_entry({"greedy": return_headline(per_seed)}, beats_random=flag))
-        records = [train_record(f"mpe-{teacher}-{seed}") for seed in m.seeds]
+        records = [train_record(group_name(MPE_KEY, teacher), seed) for seed in m.seeds]
         report[label] = {"greedy_return": agg.summary(), "beats_random": flag,
                          "budget": {"frames": records[0]["frames"], "iterations": records[0]["iterations"],
                                     "final_distill_coef": records[0]["final_distill_coef"]},

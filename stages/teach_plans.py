@@ -15,7 +15,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from llmrl.agents.teacher import observation_texts, oracle_plan
+from llmrl.agents.teacher import observation_texts, oracle_plan, plan_texts
 from llmrl.config.teach import TeachParams
 from llmrl.fingerprint import fingerprint_line
 from llmrl.io import atomic_path, write_json
@@ -31,8 +31,9 @@ def main() -> None:
             planner = make_planner(key, "llm", p.teacher, offline=False)
             start = time.perf_counter()
             per_text = {}
-            for text in tqdm(observation_texts(kind), desc=f"plans {key}"):
-                dist = planner.plan(text)
+            dists = plan_texts(planner, tqdm(observation_texts(kind), desc=f"plans {key}"),
+                               max_error_rate=p.teacher.max_error_rate, deadline_s=p.teacher.deadline_s)
+            for text, dist in dists.items():
                 oracle = oracle_plan(kind, text)
                 plans = dict(zip(dist.plans, dist.probs))
                 per_text[text] = {"plans": plans, "fallback": dist.fallback, "oracle_plan": oracle,

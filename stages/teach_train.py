@@ -1,17 +1,20 @@
-"""Stage teach_train@<env>-<teacher>-<seed>: a PPO student on a DoorKey-family task, with an LLM teacher, the
-oracle teacher, or none (pure PPO), for the same frame budget.
+"""Stage teach_train@<env>-<teacher>: PPO students on a DoorKey-family task, with an LLM teacher, the oracle
+teacher, or none (pure PPO), for the same frame budget, one per seed of ``teach.train.seeds``.
 
-Usage: python stages/teach_train.py <env> <llm|oracle|none> <seed>
-Writes models/teach/<run>/student.pt (state_dict + config), metrics/teach/train/<run>.json (a plain out: the
-learning curve of greedy success on the curve levels, its area (AULC), the teacher's text and LLM reply
-statistics) and dvclive curves under plots/teach/train/<run>/.
+Usage: python stages/teach_train.py <env> <llm|oracle|none>
+The seeds train ``teach.workers`` at a time, each alone in a single-threaded process. Writes, per seed k,
+models/teach/<env>-<teacher>/seed-k/student.pt (state_dict + config), metrics/teach/train/<env>-<teacher>/seed-k.json
+(the learning curve of greedy success on the curve levels, its area (AULC), the teacher's text and LLM reply
+statistics) and dvclive curves under plots/teach/train/<env>-<teacher>/seed-k/.
 """
 
 from common import log, stage_params  # isort: skip
-from teach_common import PLOTS, env_id, make_teacher, save_run  # isort: skip
+from teach_common import env_id, group_name, make_teacher, save_run, train_group  # isort: skip
 
+import functools
 import sys
 import time
+from pathlib import Path
 
 from dvclive import Live
 
@@ -21,11 +24,9 @@ from llmrl.envs import make_env
 from llmrl.eval.curves import aulc, grid_curve_measure
 
 
-def main(key: str, teacher_kind: str, seed: int) -> None:
+def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
     p = stage_params("teach", TeachParams)
     t = p.train
-    if key not in t.envs or teacher_kind not in t.teachers or seed not in t.seeds:
-        raise SystemExit(f"teach_train: {key}-{teacher_kind}-{seed} is not in teach.train envs/teachers/seeds")
     run = f"{key}-{teacher_kind}-{seed}"
     eid = env_id(key)
     n_actions = int(make_env(eid).action_space.n)
@@ -33,7 +34,7 @@ def main(key: str, teacher_kind: str, seed: int) -> None:
     curve_measure = grid_curve_measure(eid, range(t.curve_seed, t.curve_seed + t.curve_episodes))
 
     start, cpu_start = time.perf_counter(), time.process_time()
-    with Live(dir=str(PLOTS / "train" / run), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+    with Live(dir=str(plots / f"seed-{seed}"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
         def measure(agent, frames: int) -> dict:
             point = curve_measure(agent, frames)
             live.log_metric("curve/success", point["success_rate"], plot=False)
@@ -62,12 +63,21 @@ def main(key: str, teacher_kind: str, seed: int) -> None:
         metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
         if hasattr(teacher.planner, "stats"):
             metrics["llm"] = teacher.planner.stats()
-    save_run(run, result.agent, metrics, ppo=t.ppo.model_dump(), distill=t.distill.model_dump())
+    save_run(seed, result.agent, metrics, models=models, records=records, ppo=t.ppo.model_dump(),
+             distill=t.distill.model_dump())
     log.info("%s: %d frames in %.0f s, final λ %.3f, final greedy success %.2f, AULC %.3f", run, metrics["frames"],
              seconds, metrics["final_distill_coef"], metrics["curve_success_final"], metrics["aulc"])
 
 
+def main(key: str, teacher_kind: str) -> None:
+    p = stage_params("teach", TeachParams)
+    if key not in p.train.envs or teacher_kind not in p.train.teachers:
+        raise SystemExit(f"teach_train: {key}-{teacher_kind} is not in teach.train envs/teachers")
+    train_group(group_name(key, teacher_kind), p.train.seeds, p.workers,
+                functools.partial(run_seed, key, teacher_kind))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit("usage: teach_train.py <env> <llm|oracle|none> <seed>")
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: teach_train.py <env> <llm|oracle|none>")
+    main(sys.argv[1], sys.argv[2])

@@ -1,16 +1,19 @@
-"""Stage teach_train_mpe@<teacher>-<seed>: MAPPO on MPE simple_spread (N=3) with a per-agent LLM teacher, the
-oracle teacher, or none (pure MAPPO with a centralised critic), for the same frame budget.
+"""Stage teach_train_mpe@<teacher>: MAPPO on MPE simple_spread (N=3) with a per-agent LLM teacher, the oracle
+teacher, or none (pure MAPPO with a centralised critic), for the same frame budget, one per seed of
+``teach.mpe.seeds`` (``teach.workers`` at a time, each alone in a single-threaded process).
 
-Usage: python stages/teach_train_mpe.py <llm|oracle|none> <seed>
-Writes models/teach/mpe-<teacher>-<seed>/student.pt, metrics/teach/train/mpe-<teacher>-<seed>.json (a plain
-out) and dvclive curves under plots/teach/train/mpe-<teacher>-<seed>/.
+Usage: python stages/teach_train_mpe.py <llm|oracle|none>
+Writes, per seed k, models/teach/mpe-<teacher>/seed-k/student.pt, metrics/teach/train/mpe-<teacher>/seed-k.json
+and dvclive curves under plots/teach/train/mpe-<teacher>/seed-k/.
 """
 
 from common import log, stage_params  # isort: skip
-from teach_common import MPE_KEY, PLOTS, make_teacher, save_run  # isort: skip
+from teach_common import MPE_KEY, group_name, make_teacher, save_run, train_group  # isort: skip
 
+import functools
 import sys
 import time
+from pathlib import Path
 
 from dvclive import Live
 
@@ -19,15 +22,13 @@ from llmrl.config.teach import TeachParams
 from llmrl.envs.mpe import N_ACTIONS
 
 
-def main(teacher_kind: str, seed: int) -> None:
+def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
     p = stage_params("teach", TeachParams)
     m = p.mpe
-    if teacher_kind not in m.teachers or seed not in m.seeds:
-        raise SystemExit(f"teach_train_mpe: {teacher_kind}-{seed} is not in teach.mpe teachers/seeds")
     run = f"mpe-{teacher_kind}-{seed}"
     teacher = make_teacher(MPE_KEY, teacher_kind, p.teacher, N_ACTIONS) if teacher_kind != "none" else None
     start, cpu_start = time.perf_counter(), time.process_time()
-    with Live(dir=str(PLOTS / "train" / run), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+    with Live(dir=str(plots / f"seed-{seed}"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
         def on_iteration(stats: dict) -> None:
             live.step = stats["frames"]
             for k, v in stats.items():
@@ -50,12 +51,21 @@ def main(teacher_kind: str, seed: int) -> None:
         metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
         if hasattr(teacher.planner, "stats"):
             metrics["llm"] = teacher.planner.stats()
-    save_run(run, result.agent, metrics, ppo=m.ppo.model_dump(), n_agents=m.n_agents)
+    save_run(seed, result.agent, metrics, models=models, records=records, ppo=m.ppo.model_dump(),
+             n_agents=m.n_agents)
     log.info("%s: %d frames in %.0f s, train return %s → %s", run, metrics["frames"], seconds,
              metrics["train_return_first"], metrics["train_return_last"])
 
 
+def main(teacher_kind: str) -> None:
+    p = stage_params("teach", TeachParams)
+    if teacher_kind not in p.mpe.teachers:
+        raise SystemExit(f"teach_train_mpe: {teacher_kind} is not in teach.mpe.teachers")
+    train_group(group_name(MPE_KEY, teacher_kind), p.mpe.seeds, p.workers,
+                functools.partial(run_seed, teacher_kind))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: teach_train_mpe.py <llm|oracle|none> <seed>")
-    main(sys.argv[1], int(sys.argv[2]))
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: teach_train_mpe.py <llm|oracle|none>")
+    main(sys.argv[1])

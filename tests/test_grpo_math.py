@@ -27,11 +27,14 @@ def test_grpo_runs_two_steps_on_tiny_model(tmp_path):
     trainer = make_trainer(llm, PROBLEMS[1:], PROBLEMS[:1], cfg, output_dir=tmp_path, record=record)
     args = trainer.args
     assert (args.learning_rate, args.loss_type, args.beta) == (cfg.learning_rate, "dapo", 0.0)
+    # the budget reinforce_kl shares: its lr schedule, gradient clip and per-answer token budget
+    assert (args.lr_scheduler_type, args.max_grad_norm, args.max_completion_length) == ("constant", 1.0, 6)
     trainer.train()
     steps = [row for row in trainer.state.log_history if "loss" in row and "train_runtime" not in row]
     assert len(steps) == 2  # one generation round of 4 completions, two optimiser steps of 2
     assert [("reward" in row) for row in steps] == [True, False]  # rewards are logged per generation round
     assert len(record) == 4 and all(r["reward"] in (0.0, 1.0) for r in record)
+    assert all(1 <= r["tokens"] <= 6 for r in record)
     assert {r["problem_id"] for r in record} <= {p["id"] for p in PROBLEMS[1:]}
     assert any("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
 

@@ -153,5 +153,7 @@ def test_evaluate_benchmark_aggregates_over_training_seeds(tiny_goto, tmp_path):
     assert rows["dbc-real"]["n_seeds"] == 2 and rows["dbc-real"]["episodes"] == 12
     assert rows["random"]["n_seeds"] == 3 and rows["random"]["episodes"] == 18
     assert rows["random"]["ci_low"] <= rows["random"]["value"] <= rows["random"]["ci_high"]
+    for row in rows.values():  # success rates: never narrower than the pooled Wilson interval (0/12 is not [0, 0])
+        assert row["ci_high"] > row["value"] or row["value"] == 1.0
     assert set(out["headline"]) == {"dbc-real", "random"}
     assert len(out["episodes"]) == 12 + 18

@@ -91,6 +91,33 @@ def test_dvc_round_trip(clone, tmp_path):
     assert "up to date" in out
 
 
+def test_round_trip_of_a_checkpointed_stage(clone, tmp_path):
+    """glam_train keeps a resume point while it runs: after push and pull, a second clone is clean and up to date,
+    and `dvc repro` there is a no-op (the checkpoint is scratch, not an out that a clone lacks)."""
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["base_llm"]["spec"] = "tiny"
+    params["glam"]["train"].update(n_envs=2, frames_per_env=2, updates=2, epochs=1, minibatch_size=4, micro_batch=4,
+                                   seeds=[0], variants=["lora"])
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _git("commit", "-qam", "tiny glam", cwd=clone)
+    out = _dvc("repro", "glam_train", cwd=clone)
+    assert "Running stage 'glam_train@lora-0'" in out
+    assert not list((clone / ".cache" / "resume").rglob("*.pt"))  # the resume point served and is gone
+    _dvc("push", "--with-deps", "glam_train", cwd=clone)
+    _git("add", "-A", cwd=clone)
+    _git("commit", "-qm", "results", cwd=clone)
+    second = tmp_path / "b"
+    _git("clone", "-q", str(clone), str(second), cwd=tmp_path)
+    _dvc("pull", "--with-deps", "glam_train", cwd=second)
+    out = _dvc("status", "glam_train", cwd=second)
+    assert "up to date" in out, out
+    out = _dvc("repro", "glam_train", cwd=second)
+    assert "Running stage" not in out, out
+    for f in (clone / "models/glam/lora-0").rglob("*"):
+        if f.is_file():
+            assert (second / f.relative_to(clone)).read_bytes() == f.read_bytes(), f
+
+
 TOY_DVC = """
 stages:
   prepare:

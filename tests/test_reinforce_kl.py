@@ -227,3 +227,38 @@ def test_saved_adapter_is_machine_independent_and_reloads(tmp_path):
         expected = llm.model(ids).logits
         merged = load_policy("tiny", tmp_path / "a").model(ids).logits
     assert torch.allclose(merged, expected, atol=1e-5)
+
+
+def test_episode_token_budget_caps_the_lines_together():
+    """An episode's lines share ``answer_tokens`` (GRPO's completion budget): none spends more, and an episode
+    whose budget runs out before an answer ends as ``answer_tokens``."""
+    llm = load_model("tiny:6")
+    cfg = ReinforceKLConfig(problems_per_iteration=2, group_size=3, max_steps=6, max_new_tokens=5, answer_tokens=12)
+    eps = collect_episodes(llm, PROBLEMS[1:3], SHOTS, cfg, seed=0)
+    assert all(0 < ep.tokens <= 12 for ep in eps)
+    assert any(ep.end == "answer_tokens" for ep in eps)  # the tiny model never answers within 12 tokens
+    assert all(len(ep.lines) <= 3 for ep in eps if ep.end == "answer_tokens")  # 5 + 5 + 2 tokens at most
+    unbudgeted = collect_episodes(llm, PROBLEMS[1:3], SHOTS, ReinforceKLConfig(
+        problems_per_iteration=2, group_size=3, max_steps=6, max_new_tokens=5), seed=0)
+    assert max(ep.tokens for ep in unbudgeted) > 12  # the cap above did bind
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_lr_schedule_matches_transformers(schedule):
+    """The schedule steps per optimiser step as transformers' (TRL's) does: GRPO and REINFORCE share it."""
+    from transformers import get_constant_schedule, get_linear_schedule_with_warmup
+
+    llm = load_model("tiny:7", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    algo = _trainer(llm, lr_schedule=schedule, iterations=2, micro_batch=2)  # 2 x 2 optimiser steps
+    reference_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=algo.cfg.lr)
+    reference = (get_linear_schedule_with_warmup(reference_opt, 0, algo.cfg.optimizer_steps)
+                 if schedule == "linear" else get_constant_schedule(reference_opt))
+    eps = [_episode(llm, PROBLEMS[1], ["The answer is: 3\n"], 1.0), _episode(llm, PROBLEMS[2], ["x\n"], 0.0),
+           _episode(llm, PROBLEMS[3], ["y\n"], 0.0), _episode(llm, PROBLEMS[4], ["The answer is: 6\n"], 1.0)]
+    for _ in range(2):
+        algo.update(eps)
+        for _ in range(2):
+            reference_opt.step()
+            reference.step()
+        assert algo.opt.param_groups[0]["lr"] == pytest.approx(reference_opt.param_groups[0]["lr"])
+    assert algo.opt.param_groups[0]["lr"] == (0.0 if schedule == "linear" else algo.cfg.lr)

@@ -122,3 +122,84 @@ def test_retries_on_429_and_5xx(monkeypatch):
     assert calls["n"] == 3
     assert calls["auth"][-1] == "Bearer sk-test-123"
     assert "sk-test-123" not in repr(backend.__dict__.get("model_id"))
+
+
+class _SilentServer:
+    """Accepts TCP connections on 127.0.0.1 and never answers (a hung endpoint)."""
+
+    def __enter__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+def _failing_app(kind: str):
+    from fastapi.responses import HTMLResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    def chat():
+        if kind == "500":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        return HTMLResponse("<html><body>maintenance</body></html>")  # a 200 that is not a completion
+
+    return app
+
+
+@pytest.mark.parametrize("fault", ["hang", "500", "html"])
+def test_outage_fails_the_planning_pass_within_its_bounds(fault, tmp_path):
+    """A hung, failing or garbage-answering endpoint ends `plan_texts` with LLMOutageError, in bounded time,
+    with nothing written to the reply cache (the outage is never cached as the teacher)."""
+    from llmrl.agents.teacher import LLMOutageError, LLMPlanner, observation_texts, plan_texts
+
+    server = _SilentServer() if fault == "hang" else _Server(_failing_app(fault))
+    with server as url:
+        backend = CachedBackend(OpenAIChatBackend("tiny", url, timeout_s=0.5, max_retries=1), ReplyCache(tmp_path))
+        planner = LLMPlanner("doorkey", backend, n_ask=2, sampling=SamplingConfig(max_new_tokens=4, seed=0))
+        texts = observation_texts("doorkey")
+        t0 = time.perf_counter()
+        with pytest.raises(LLMOutageError, match="teach.teacher.max_error_rate"):
+            plan_texts(planner, texts, max_error_rate=0.1, deadline_s=None)
+        elapsed = time.perf_counter() - t0
+    assert len(planner.memo) == 1  # failed fast: the first text's errors already exceed 10% of 12 replies
+    assert elapsed < 10  # one text: 2 attempts x 0.5 s timeout, plus the client's backoff
+    assert not any(tmp_path.rglob("*.json"))
+
+
+def test_planning_deadline_is_a_named_error():
+    from llmrl.agents.teacher import LLMOutageError, LLMPlanner, observation_texts, plan_texts
+
+    class Valid:
+        model_id = "valid"
+
+        def generate(self, prompts, sampling):
+            from llmrl.llm.generate import Generation
+
+            return [Generation(prompt="p", text="go to <key>}", finish_reason="stop", n_tokens=3)] * len(prompts)
+
+    ticks = iter(range(0, 1000, 100))
+    planner = LLMPlanner("doorkey", Valid(), n_ask=2, answer_prefix="Action: {")
+    with pytest.raises(LLMOutageError, match="teach.teacher.deadline_s"):
+        plan_texts(planner, observation_texts("doorkey"), max_error_rate=0.1, deadline_s=150,
+                   clock=lambda: next(ticks))
+    assert len(planner.memo) == 2  # checked after every text: 100 s, then 200 s > 150 s
+    # below the threshold, faults are data: the pass completes
+    assert len(plan_texts(LLMPlanner("doorkey", Valid(), n_ask=2, answer_prefix="Action: {"),
+                          observation_texts("doorkey"), max_error_rate=0.1, deadline_s=None)) == 6
+
+
+def test_reply_cache_key_ignores_the_endpoint_spelling(served_model, tmp_path):
+    """Two spellings of one server (localhost / 127.0.0.1, trailing slash) share the reply cache."""
+    prompts = [[{"role": "user", "content": "Say hi."}]]
+    sampling = SamplingConfig(max_new_tokens=4, temperature=0.0, seed=0)
+    with _Server(build_app(served_model, "tiny")) as url:
+        first = CachedBackend(OpenAIChatBackend("tiny", url), ReplyCache(tmp_path))
+        a = first.generate(prompts, sampling)
+        other = url.replace("127.0.0.1", "localhost") + "/"
+        second = CachedBackend(OpenAIChatBackend("tiny", other), ReplyCache(tmp_path), offline=True)
+        assert second.generate(prompts, sampling) == a and second.stats.hits == 1

@@ -322,6 +322,8 @@ def test_student_save_load_roundtrip(tmp_path):
     loaded, ckpt = load_student(tmp_path / "s.pt")
     obs = torch.as_tensor(make_env(SIMPLE).reset(seed=0)[0])[None]
     assert torch.equal(model(obs)[0], loaded(obs)[0]) and ckpt["note"] == 1
+    save_student(tmp_path / "again.pt", model, {"note": 1})  # same contents, another file: the same bytes
+    assert (tmp_path / "again.pt").read_bytes() == (tmp_path / "s.pt").read_bytes()
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         load_student(tmp_path / "missing.pt")
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from torch import nn
 
-from llmrl.io import atomic_path
+from llmrl.io import save_torch
 
 # Channel vocabularies of the memory grid: object, colour, state, direction (0-3 facing, 4 = no agent here).
 GRID_VOCAB = (len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX), 5)
@@ -140,9 +140,8 @@ def build_student(config: dict) -> nn.Module:
 
 
 def save_student(path: str | os.PathLike, model: nn.Module, extra: dict | None = None) -> None:
-    """``{"config", "state_dict", **extra}`` written atomically with ``torch.save``."""
-    with atomic_path(path) as tmp:
-        torch.save({"config": model.config(), "state_dict": model.state_dict(), **(extra or {})}, tmp)
+    """``{"config", "state_dict", **extra}`` written atomically, the same bytes for the same contents."""
+    save_torch({"config": model.config(), "state_dict": model.state_dict(), **(extra or {})}, path)
 
 
 def load_student(path: str | os.PathLike) -> tuple[nn.Module, dict]:

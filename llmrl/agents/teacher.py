@@ -15,7 +15,9 @@
    errors, timeouts, lost connections), the distribution is the fallback plan ("explore") with the
    failures counted — never a ``None`` plan. Any other exception (a programming error, or an offline cache
    miss ``CacheMissError``) propagates and fails the stage. The model behind the backend is created lazily
-   (``LazyBackend``): a fully cached or oracle run touches no model.
+   (``LazyBackend``): a fully cached or oracle run touches no model. ``plan_texts`` bounds a whole planning
+   pass: once the error replies exceed ``max_error_rate`` of the replies it will ask for, or the deadline
+   passes, it raises ``LLMOutageError``, so an outage fails the stage instead of becoming the cached teacher.
 3. ``OraclePlanner`` answers the same texts with hand-written rules, to separate planner quality from
    distillation quality.
 4. ``TeacherPolicy`` maps each plan through the scripted skills of ``llmrl.agents.skills`` and returns
@@ -29,6 +31,7 @@ import copy
 import functools
 import itertools
 import re
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,7 +43,7 @@ import torch
 from minigrid.core.constants import IDX_TO_COLOR, OBJECT_TO_IDX
 
 from llmrl.agents.skills import VERBS, GridView, Step, goto_point_action, parse_step, plan_actions
-from llmrl.llm.backends import Backend, CacheMissError
+from llmrl.llm.backends import Backend, CacheMissError, llm_fault_types
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, truncate_at_stop
 
 TaskKind = Literal["doorkey", "coloreddoorkey", "twodoor", "simple_spread"]
@@ -428,22 +431,6 @@ class SharedPromptBackend:
         return out  # type: ignore[return-value]
 
 
-def llm_fault_types() -> tuple[type[BaseException], ...]:
-    """The exceptions that are LLM faults (the fallback plan stands in): HTTP errors and timeouts of the
-    ``openai`` client (``openai.APIError`` covers status, connection and timeout errors after its own
-    retries), and the builtin ``TimeoutError`` / ``ConnectionError`` of any other transport. A
-    ``CacheMissError`` is not one: an offline run missing a reply is a broken pipeline, not a fault of the LLM.
-    """
-    faults: list[type[BaseException]] = [TimeoutError, ConnectionError]
-    try:
-        import openai
-
-        faults.append(openai.APIError)
-    except ImportError:  # pragma: no cover - openai is a declared dependency
-        pass
-    return tuple(faults)
-
-
 LLM_FAULTS = llm_fault_types()
 
 
@@ -520,6 +507,34 @@ class LLMPlanner:
             "fallback_texts": sum(d.fallback for d in self.memo.values()),
             "invalid_reasons": {r: reasons[r] for r in ("no_action", "unknown_verb", "unknown_object")},
         }
+
+
+class LLMOutageError(RuntimeError):
+    """The LLM failed too often (or too slowly) for its plans to stand for the teacher."""
+
+
+def plan_texts(planner: LLMPlanner, texts: Sequence[str], *, max_error_rate: float, deadline_s: float | None,
+               clock: Callable[[], float] = time.monotonic) -> dict[str, PlanDistribution]:
+    """Each text's plan distribution, or ``LLMOutageError`` as soon as the outcome is an outage.
+
+    Fails fast: once the error replies exceed ``max_error_rate`` of all the replies this pass will ask for
+    (``len(texts) * n_ask``), no later text can bring the rate back under it. ``deadline_s`` bounds the whole
+    pass (checked after every text; one text is bounded by the backend's own timeout and retries).
+    """
+    start, planned = clock(), len(texts) * planner.n_ask
+    out = {}
+    for text in texts:
+        out[text] = planner.plan(text)
+        errors = sum(d.n_error for d in planner.memo.values())
+        if errors > max_error_rate * planned:
+            first = next(r for rec in planner.records for r in rec["replies"] if r["kind"] == "error")
+            raise LLMOutageError(
+                f"teach.teacher.max_error_rate: {errors} of {planned} planned replies failed already (> "
+                f"{max_error_rate:.0%}; first: {first['raw']}); the stage writes nothing")
+        if deadline_s is not None and clock() - start > deadline_s:
+            raise LLMOutageError(f"teach.teacher.deadline_s: planning passed {deadline_s:.0f} s after "
+                                 f"{len(out)} of {len(texts)} texts; the stage writes nothing")
+    return out
 
 
 # ------------------------------------------------------------------------------------ the teacher policy

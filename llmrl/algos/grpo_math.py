@@ -25,10 +25,12 @@ class GRPOMathConfig:
     problems_per_iteration: int = 8
     group_size: int = 4
     micro_batch: int = 8  # completions per optimiser step
-    max_new_tokens: int = 40
+    max_new_tokens: int = 40  # per completion: reinforce_kl's answer_tokens
     temperature: float = 1.0
     top_p: float = 0.9
     learning_rate: float = 1e-4
+    lr_schedule: str = "constant"  # "constant" | "linear" (to 0), as reinforce_kl
+    grad_clip: float = 1.0
     loss_type: str = "dapo"
     beta: float = 0.0
     num_iterations: int = 1
@@ -52,14 +54,17 @@ def correctness_reward(prompts, completions, answer, **_) -> list[float]:
 
 
 def recording_reward(record: list[dict]):
-    """``correctness_reward`` that also appends every completion, its parsed answer and reward to ``record``."""
-    def reward(prompts, completions, answer, id, trainer_state=None, **_) -> list[float]:  # noqa: A002
+    """``correctness_reward`` that also appends every completion, its token count, parsed answer and reward to
+    ``record``."""
+    def reward(prompts, completions, answer, id, completion_ids=None, trainer_state=None,  # noqa: A002
+               **_) -> list[float]:
         out = correctness_reward(prompts, completions, answer)
         step = trainer_state.global_step if trainer_state is not None else None
-        for c, a, i, r in zip(completions, answer, id, out):
+        lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [None] * len(out)
+        for c, a, i, r, n in zip(completions, answer, id, out, lengths):
             text = completion_text(c)
             record.append({"step": step, "problem_id": i, "completion": text, "parsed_answer": extract_answer(text),
-                           "answer": a, "reward": r})
+                           "answer": a, "reward": r, "tokens": n})
         return out
 
     reward.__name__ = "correctness_reward"
@@ -104,11 +109,14 @@ def make_trainer(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg:
         max_completion_length=cfg.max_new_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        lr_scheduler_type="linear",
-        max_grad_norm=1.0,
+        lr_scheduler_type=cfg.lr_schedule,
+        max_grad_norm=cfg.grad_clip,
         seed=cfg.seed,
         data_seed=cfg.seed,
         bf16=cfg.bf16,
+        # TRL turns activation checkpointing on by default: a 135M model's activations fit, so recomputing
+        # them in the backward pass only costs time (the loss and its gradient are the same)
+        activation_checkpointing=False,
         logging_steps=1,
         save_strategy="no",
         report_to="none",

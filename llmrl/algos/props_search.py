@@ -46,33 +46,14 @@ from llmrl.algos.props_prompts import (
 )
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import ControlTask, get_task
-from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, OpenAIChatBackend, ReplyCache
+from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, OpenAIChatBackend, ReplyCache, llm_fault_types
 from llmrl.llm.generate import SamplingConfig
 
 SEED_STRIDE = 1_000_000
 TEMPLATES = {"props": "numeric", "props_plus": "semantic"}
 
 
-def _llm_faults() -> tuple[type[BaseException], ...]:
-    """Exceptions that are faults of the LLM service, not of this program: they take the fallback."""
-    faults: list[type[BaseException]] = [TimeoutError, ConnectionError]
-    try:
-        import openai
-
-        # APIError covers APIStatusError (4xx/5xx, incl. refusals by policy), APIConnectionError, APITimeoutError.
-        faults.append(openai.APIError)
-    except ImportError:  # pragma: no cover - openai is a declared dependency
-        pass
-    try:
-        import httpx
-
-        faults.append(httpx.HTTPError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(faults)
-
-
-LLM_FAULTS = _llm_faults()
+LLM_FAULTS = llm_fault_types()
 
 
 @dataclass

@@ -13,7 +13,11 @@ One iteration:
    gradient of its own.
    One optimiser step per micro-batch of episodes.
 4. Every ``ref_update_iterations`` iterations the reference is reset to the current policy (re-anchored, not
-   annealed). AdamW, LinearLR from 1 to ``lr_end_factor`` over the iterations, gradient clipping.
+   annealed). AdamW, a constant lr or transformers' linear decay to 0 over the optimiser steps (the schedule
+   TRL gives GRPO, so both variants share it), gradient clipping.
+
+Budget: each line is capped at ``max_new_tokens`` and the episode's lines together at ``answer_tokens``, the
+budget GRPO's completions get: an episode whose budget runs out ends truncated.
 
 Fixes over the original: the optimiser is built from the parameters that require grad *after* LoRA is
 attached (the original's held only frozen weights); training never sees the test split; the calculator never
@@ -60,7 +64,8 @@ class ReinforceKLConfig:
     problems_per_iteration: int = 8
     group_size: int = 4  # episodes per problem; original: 100 episodes of distinct problems
     max_steps: int = 6  # original: 10
-    max_new_tokens: int = 40  # original: 64
+    max_new_tokens: int = 40  # per line; original: 64
+    answer_tokens: int | None = None  # the episode's lines together; None: max_steps * max_new_tokens
     temperature: float = 1.0
     top_p: float = 0.9
     calculator: bool = False  # original (README command): on
@@ -69,7 +74,7 @@ class ReinforceKLConfig:
     gamma: float = 0.99
     baseline: str = "group"  # "none" (original), "batch", "group" (leave-one-out per problem)
     lr: float = 1e-4  # original: 1e-5, full fine-tune
-    lr_end_factor: float = 0.01
+    lr_schedule: str = "constant"  # "constant" | "linear" (to 0 over the optimiser steps; original: to 0.01)
     grad_clip: float = 1.0
     micro_batch: int = 8  # episodes per optimiser step (the original: 32 (state, line) samples)
     epochs: int = 1
@@ -81,6 +86,18 @@ class ReinforceKLConfig:
             raise ValueError(f"reinforce_kl.baseline: must be none, batch or group, got {self.baseline!r}")
         if self.baseline == "group" and self.group_size < 2:
             raise ValueError("reinforce_kl.baseline: 'group' (leave-one-out) needs group_size >= 2")
+        if self.lr_schedule not in ("constant", "linear"):
+            raise ValueError(f"reinforce_kl.lr_schedule: must be constant or linear, got {self.lr_schedule!r}")
+
+    @property
+    def episode_tokens(self) -> int:
+        return self.answer_tokens if self.answer_tokens is not None else self.max_steps * self.max_new_tokens
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Planned optimiser steps of the run (the linear schedule reaches 0 after them)."""
+        per_iteration = -(-self.problems_per_iteration * self.group_size // self.micro_batch)
+        return self.iterations * self.epochs * per_iteration
 
 
 @dataclass
@@ -95,10 +112,12 @@ class MathEpisode:
     success: bool = False
     end: str = ""
     parsed_answer: str | None = None
+    tokens: int = 0  # generated tokens of all lines, against the answer budget
 
     def as_record(self) -> dict:
         return {"problem_id": self.problem_id, "lines": self.lines, "reward": self.reward,
-                "success": self.success, "end": self.end, "parsed_answer": self.parsed_answer}
+                "success": self.success, "end": self.end, "parsed_answer": self.parsed_answer,
+                "tokens": self.tokens}
 
 
 def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg: ReinforceKLConfig,
@@ -114,18 +133,30 @@ def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], 
             messages.append(msgs)
             episodes.append(MathEpisode(problem_id=str(prob["id"]), group=gi, head=render_state(llm, msgs, "")))
     active = list(range(len(envs)))
+    spent = [0] * len(envs)  # tokens of each episode's lines so far, against cfg.episode_tokens
     step = 0
     while active:
-        states = [render_state(llm, messages[i], "".join(episodes[i].lines)) for i in active]
-        sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                                  stop=("\n",), seed=seed * 1000 + step * 97)
-        gens = generate_shared_prefix(llm, states, sampling, batch_size=cfg.gen_batch_size)
+        # Episodes left with less than a line's budget generate apart, each group under its own cap.
+        caps: dict[int, list[int]] = {}
+        for i in active:
+            caps.setdefault(min(cfg.max_new_tokens, cfg.episode_tokens - spent[i]), []).append(i)
+        gens = {}
+        for cap, rows in sorted(caps.items(), reverse=True):
+            states = [render_state(llm, messages[i], "".join(episodes[i].lines)) for i in rows]
+            sampling = SamplingConfig(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p,
+                                      stop=("\n",), seed=seed * 1000 + step * 97 + cap)
+            gens.update(zip(rows, generate_shared_prefix(llm, states, sampling, batch_size=cfg.gen_batch_size)))
         still = []
-        for i, g in zip(active, gens):
+        for i in active:
+            g = gens[i]
+            spent[i] += g.n_tokens
+            episodes[i].tokens = spent[i]
             _, reward, terminated, truncated, info = envs[i].step(g.text)
             ep = episodes[i]
             if info["line"].strip():
                 ep.lines.append(info["line"] + "\n")
+            if not (terminated or truncated) and spent[i] >= cfg.episode_tokens:
+                truncated, info = True, {**info, "end": "answer_tokens"}
             if terminated or truncated:
                 ep.reward, ep.success, ep.end = float(reward), bool(info["success"]), info["end"]
                 ep.parsed_answer = info["parsed_answer"]
@@ -244,8 +275,11 @@ class ReinforceKL:
         if not self.params:
             raise ValueError("reinforce_kl: the model has no trainable parameters (load it with lora= or trainable=)")
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr)
-        self.sched = torch.optim.lr_scheduler.LinearLR(self.opt, 1.0, cfg.lr_end_factor,
-                                                       total_iters=max(cfg.iterations - 1, 1))
+        total = cfg.optimizer_steps
+        # transformers' get_linear_schedule_with_warmup without warmup: the schedule TRL applies to GRPO
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, (lambda step: max(0.0, (total - step) / total)) if cfg.lr_schedule == "linear" else
+            (lambda step: 1.0))
         self.ref = self._snapshot()
         self.rng = np.random.default_rng(cfg.seed)
         self.iteration = 0
@@ -292,6 +326,7 @@ class ReinforceKL:
                 (loss / n).backward()  # the mean over the micro-batch's samples, as grad accumulation gave
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
                 self.opt.step()
+                self.sched.step()
                 totals["loss"] += float(loss.detach())
                 totals["pg_loss"] += s["pg_loss_sum"]
                 totals["kl"] += s["kl_sum"]
@@ -315,11 +350,12 @@ class ReinforceKL:
         episodes = collect_episodes(self.llm, self.sample_problems(), self.shots, cfg,
                                     seed=cfg.seed * 10_000 + self.iteration)
         t1 = time.perf_counter()
+        lr_used = self.opt.param_groups[0]["lr"]  # the lr of this iteration's first step
         stats = self.update(episodes)
         t2 = time.perf_counter()
         stats.update(
             iteration=self.iteration,
-            lr=self.opt.param_groups[0]["lr"],
+            lr=lr_used,
             average_reward=float(np.mean([ep.reward for ep in episodes])),
             answer_rate=float(np.mean([ep.end == "answer" for ep in episodes])),
             mean_lines=float(np.mean([len(ep.lines) for ep in episodes])),
@@ -327,7 +363,6 @@ class ReinforceKL:
             collect_s=t1 - t0,
             update_s=t2 - t1,
         )
-        self.sched.step()
         self.iteration += 1
         return stats, episodes
 

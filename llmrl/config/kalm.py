@@ -93,6 +93,8 @@ class KalmOfflineParams(Section):
     imagined_levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
                                              description="levels whose imagined rollouts feed the mixed dataset")
     threads: int = Field(1, gt=0, description="torch threads per run")
+    workers: int = Field(2, ge=1, description="seeds trained side by side, each alone in a single-threaded process "
+                                              "(results do not depend on it)")
     log_every: int = Field(100, gt=0, description="updates between metric rows")
 
     @field_validator("seeds")

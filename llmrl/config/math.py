@@ -42,13 +42,20 @@ class CommonTrainParams(Section):
     seed: int = Field(0, ge=0, description="one seed for Python, NumPy, torch and LLM sampling")
     few_shot: int = Field(4, ge=0, description="solved train problems shown before each problem (the first k)")
     lora: LoraParams | None = Field(default_factory=LoraParams, description="LoRA adapter; null: full fine-tune")
-    lr: float = Field(2e-4, gt=0, description="learning rate")
+    lr: float = Field(2e-4, gt=0, description="learning rate (both variants)")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="both variants: constant, or linear decay to 0 over the optimiser steps "
+                                "(transformers' linear schedule, which TRL applies)")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (both variants)")
     iterations: int = Field(3, gt=0, description="collect-then-update iterations (GRPO: generation rounds)")
     problems_per_iteration: int = Field(4, gt=0, description="train problems per iteration")
     group_size: int = Field(4, gt=0, description="episodes (completions) per problem")
     temperature: float = Field(0.7, gt=0, description="sampling temperature during training (original: 1.0)")
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling during training")
-    max_new_tokens: int = Field(40, gt=0, description="REINFORCE: tokens per line; GRPO: per completion")
+    answer_tokens: int = Field(
+        96, gt=0, description="token budget of one answer, both variants: GRPO's completion length; REINFORCE's "
+                              "lines of one episode together (each line also capped by line_tokens)")
+    line_tokens: int = Field(40, gt=0, description="REINFORCE only: tokens per line (≤ answer_tokens)")
     micro_batch: int = Field(8, gt=0, description="episodes (GRPO: completions) per optimizer step")
     gen_batch_size: int = Field(24, gt=0, description="prompts generated together")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
@@ -64,8 +71,6 @@ class ReinforceKLParams(Section):
     max_steps: int = Field(4, gt=0, description="lines per episode before truncation")
     calculator: bool = Field(False, description="rewrite <<expr=result>> annotations with the safe calculator")
     epochs: int = Field(1, gt=0, description="passes over an iteration's samples")
-    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip")
-    lr_end_factor: float = Field(0.01, gt=0, le=1, description="LinearLR end factor over the iterations")
 
 
 class GRPOParams(Section):
@@ -90,6 +95,8 @@ class ReinforceTrainParams(Section):
         if n % c.micro_batch or c.micro_batch % c.group_size:
             raise ValueError(f"common.micro_batch={c.micro_batch} must divide problems_per_iteration*group_size={n} "
                              f"and be a multiple of group_size={c.group_size} (GRPO groups stay whole)")
+        if c.line_tokens > c.answer_tokens:
+            raise ValueError(f"common.line_tokens={c.line_tokens} exceeds common.answer_tokens={c.answer_tokens}")
         if self.reinforce_kl.baseline == "group" and c.group_size < 2:
             raise ValueError("reinforce_kl.baseline: 'group' (leave-one-out) needs common.group_size >= 2")
         return self
@@ -97,7 +104,11 @@ class ReinforceTrainParams(Section):
 
 class MathEvalParams(Section):
     n_problems: int | None = Field(None, gt=0, description="test problems evaluated; None: the whole test split")
-    max_new_tokens: int = Field(48, gt=0, description="tokens per solution")
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="tokens per solution; None: reinforce_train.common.answer_tokens, the budget "
+                                "both variants trained with")
+    max_truncated: float = Field(0.05, ge=0, le=1, description="largest share of a model's answers the cap should "
+                                                               "cut; above it the stage warns (raise the cap)")
     batch_size: int = Field(25, gt=0, description="prompts generated together")
     temperature: float = Field(0.6, gt=0, description="sampled mode temperature (the original's evaluation)")
     top_p: float = Field(0.9, gt=0, le=1, description="sampled mode nucleus")

@@ -20,6 +20,12 @@ class TeachTeacherParams(Section):
     openai_model: str = Field("", description="model name for the openai backend")
     openai_base_url: str = Field("", description="base URL for the openai backend")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
+    timeout_s: float = Field(30.0, gt=0, description="openai: seconds one request may take")
+    max_retries: int = Field(2, ge=0, description="openai: retries of a failed request (429, 5xx, timeouts)")
+    deadline_s: float | None = Field(1800.0, gt=0, description="teach_plans: seconds the whole planning pass may "
+                                     "take (any backend); null: no deadline")
+    max_error_rate: float = Field(0.1, ge=0, le=1, description="teach_plans fails (writing nothing) once LLM "
+                                  "faults exceed this share of its replies: an outage is never cached as the teacher")
     n_ask: int = Field(10, ge=1, description="replies sampled per observation text (original: 10)")
     max_new_tokens: int = Field(24, gt=0, description="reply length budget in tokens")
     temperature: float = Field(0.9, ge=0, description="sampling temperature (0 = greedy)")
@@ -109,6 +115,8 @@ class TeachEvalParams(Section):
 
 
 class TeachParams(Section):
+    workers: int = Field(2, ge=1, description="seeds trained side by side, each alone in a single-threaded "
+                                              "process (results do not depend on it)")
     teacher: TeachTeacherParams = TeachTeacherParams()
     train: TeachTrainParams
     mpe: TeachMPEParams

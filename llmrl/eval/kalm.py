@@ -169,7 +169,7 @@ def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path
     for row, by_level in scores.items():
         means = []
         for lv, per_seed in by_level.items():
-            agg = aggregate_seeds(per_seed, confidence=confidence, rng_seed=0).summary()
+            agg = aggregate_seeds(per_seed, confidence=confidence, rng_seed=0, rate=True).summary()  # 0/1 successes
             rows.append({"benchmark": benchmark, "row": row, "level": lv, **agg})
             means.append(agg["value"])
             log.info("%s %-22s %-8s success %.3f [%.3f, %.3f] seeds %s", benchmark, row, lv, agg["value"],

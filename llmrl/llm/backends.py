@@ -44,6 +44,24 @@ class LocalBackend:
         return generate(self.llm, list(prompts), sampling, batch_size=self.batch_size)
 
 
+class MalformedReplyError(ConnectionError):
+    """The endpoint answered, but not with a chat completion (an HTML page, an empty choice list): an LLM fault."""
+
+
+def llm_fault_types() -> tuple[type[BaseException], ...]:
+    """The exceptions that are faults of the LLM service, not of this program; callers take their fallback.
+
+    ``openai.APIError`` covers status errors (4xx/5xx, refusals by policy), connection errors and timeouts after
+    the client's own retries; ``httpx.HTTPError`` any other transport failure; ``TimeoutError`` /
+    ``ConnectionError`` (with ``MalformedReplyError``) the rest. A ``CacheMissError`` is not one: an offline run
+    missing a reply is a broken pipeline.
+    """
+    import httpx
+    import openai
+
+    return (TimeoutError, ConnectionError, openai.APIError, httpx.HTTPError)
+
+
 class OpenAIChatBackend:
     """Any OpenAI-compatible ``/v1/chat/completions`` endpoint (OpenAI, vLLM, llama.cpp, ``llmrl.llm.serve``).
 
@@ -86,6 +104,8 @@ class OpenAIChatBackend:
             if sampling.stop:
                 kwargs["stop"] = list(sampling.stop)
             resp = self.client.chat.completions.create(**kwargs)
+            if not getattr(resp, "choices", None):
+                raise MalformedReplyError(f"{self.base_url}: not a chat completion: {str(resp)[:120]!r}")
             choice = resp.choices[0]
             text, _ = truncate_at_stop(choice.message.content or "", sampling.stop)
             usage = getattr(resp, "usage", None)
