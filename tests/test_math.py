@@ -266,3 +266,28 @@ def test_params_errors_name_the_key():
         load_section({"reinforce_train": {**good, "common": {"lr": -1}}}, "reinforce_train", ReinforceTrainParams)
     with pytest.raises(ParamsError, match="micro_batch"):
         load_section({"r": {**good, "common": {"micro_batch": 3}}}, "r", ReinforceTrainParams)
+
+
+def test_the_first_stated_answer_counts_everywhere():
+    """Training (MathEnv, the GRPO reward) and evaluation score the answer a solution states first: what a policy
+    writes after it (a new problem from the few-shot pattern, another answer) is not its answer."""
+    from llmrl.algos.grpo_math import correctness_reward
+    from llmrl.data.math_answers import extract_answer, through_first_answer
+
+    text = "2 + 3 = 5\nThe answer is: 5\nProblem: Ann has 1 pen.\nThe answer is: 1\n"
+    assert through_first_answer(text) == "2 + 3 = 5\nThe answer is: 5\n"
+    assert through_first_answer("no answer here") is None
+    assert through_first_answer("The answer is: 7") == "The answer is: 7"
+    assert extract_answer(text) == "1"  # the last one: not what is scored
+    assert correctness_reward(None, [text, text], ["5", "1"]) == [1.0, 0.0]
+
+
+def test_solve_scores_the_first_answer_and_counts_only_real_cuts():
+    from llmrl.agents.math_solver import solve
+    from llmrl.llm import SamplingConfig, load_model
+
+    llm = load_model("tiny")
+    problems = [{"id": "a", "problem": "1 + 1?", "answer": "2"}]
+    rec = solve(llm, problems, [], SamplingConfig(max_new_tokens=3, temperature=0), progress=False)[0]
+    # the tiny model writes no answer line in 3 tokens: a cut by the cap, scored on nothing
+    assert rec["finish_reason"] == "length" and rec["parsed_answer"] is None and rec["written_after_answer"] == ""

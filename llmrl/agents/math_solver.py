@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from llmrl.data.math_answers import ANSWER_PHRASE, answers_match, extract_answer
+from llmrl.data.math_answers import ANSWER_PHRASE, answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM, SamplingConfig, load_model
 from llmrl.llm.prefix import generate_shared_prefix
 
@@ -54,10 +54,16 @@ def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: S
         gens += generate_shared_prefix(llm, prompts[start:start + batch_size], chunk, batch_size=batch_size)
     out = []
     for p, g in zip(problems, gens):
-        parsed = extract_answer(g.text)
-        out.append({"id": p["id"], "prompt": g.prompt, "response": g.text, "parsed_answer": parsed,
+        # The answer is the first one stated, as in training (MathEnv ends an episode at its first answer line).
+        stated = through_first_answer(g.text)
+        response = g.text if stated is None else stated
+        parsed = extract_answer(response)
+        # Cut by the cap: no answer line, or the cap fell inside the answer line itself.
+        cut = g.finish_reason == "length" and (stated is None or stated == g.text)
+        out.append({"id": p["id"], "prompt": g.prompt, "response": response, "parsed_answer": parsed,
                     "answer": str(p["answer"]), "correct": answers_match(parsed, str(p["answer"])),
-                    "finish_reason": g.finish_reason, "n_tokens": g.n_tokens})
+                    "finish_reason": "length" if cut else ("answer" if stated is not None else g.finish_reason),
+                    "n_tokens": g.n_tokens, "written_after_answer": g.text[len(response):]})
     return out
 
 

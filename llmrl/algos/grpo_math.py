@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmrl.agents.math_solver import build_messages
-from llmrl.data.math_answers import answers_match, extract_answer
+from llmrl.data.math_answers import answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM
 
 
@@ -48,9 +48,15 @@ def completion_text(completion) -> str:
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
+def stated_answer(completion) -> str | None:
+    """The answer a completion states first (what ends a ``reinforce_kl`` episode and what ``math_eval`` scores)."""
+    text = completion_text(completion)
+    return extract_answer(through_first_answer(text) or text)
+
+
 def correctness_reward(prompts, completions, answer, **_) -> list[float]:
-    """1.0 where the completion's final answer equals the gold ``answer`` column, else 0.0."""
-    return [float(answers_match(extract_answer(completion_text(c)), str(a))) for c, a in zip(completions, answer)]
+    """1.0 where the completion's first stated answer equals the gold ``answer`` column, else 0.0."""
+    return [float(answers_match(stated_answer(c), str(a))) for c, a in zip(completions, answer)]
 
 
 def recording_reward(record: list[dict]):
@@ -63,7 +69,7 @@ def recording_reward(record: list[dict]):
         lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [None] * len(out)
         for c, a, i, r, n in zip(completions, answer, id, out, lengths):
             text = completion_text(c)
-            record.append({"step": step, "problem_id": i, "completion": text, "parsed_answer": extract_answer(text),
+            record.append({"step": step, "problem_id": i, "completion": text, "parsed_answer": stated_answer(c),
                            "answer": a, "reward": r, "tokens": n})
         return out
 

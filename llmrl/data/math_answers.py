@@ -45,6 +45,17 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def through_first_answer(text: str) -> str | None:
+    """``text`` through the end of its first line that states an answer ("The answer is ..."), or None if no line
+    does. The rule that ends a ``MathEnv`` episode: every variant is trained and evaluated on the answer it
+    states first, not on whatever it writes after it."""
+    m = ANSWER_RE.search(text)
+    if m is None:
+        return None
+    end = text.find("\n", m.end())
+    return text if end < 0 else text[:end + 1]
+
+
 def extract_answer(text: str) -> str | None:
     """The final answer a solution states, or None if it states none.
 
