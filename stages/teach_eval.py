@@ -46,7 +46,7 @@ def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, epis
     report: dict = {}
 
     rand = evaluate(RandomPolicy(n_actions), env, seeds, mode="sampled")
-    random_success = aggregate_seeds(successes([rand]))
+    random_success = aggregate_seeds(successes([rand]), rate=True)
     write_json(eval_dir / key / "random.json", metrics_entry({"sampled": headline_of_results([rand])}))
     report["random"] = {"sampled_success": random_success.summary()}
 
@@ -64,7 +64,7 @@ def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, epis
                                      mode=mode, n_envs=len(seeds), progress=False)
                 write_json(episodes_dir / f"{key}_{label}_{seed}_{mode}.json", r.table())
                 by_mode[mode].append(r)
-        greedy = aggregate_seeds(successes(by_mode["greedy"]))
+        greedy = aggregate_seeds(successes(by_mode["greedy"]), rate=True)
         records = [train_record(group, seed) for seed in p.train.seeds]
         aulc = aggregate_seeds([[r["aulc"]] for r in records])  # one value per seed: a bootstrap over seeds
         flag = beats_random(greedy, random_success.value)
@@ -72,7 +72,7 @@ def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, epis
                    metrics_entry({m: headline_of_results(by_mode[m]) for m in by_mode},
                                  aulc=round(aulc.value, 4), beats_random=flag))
         report[label] = {"greedy_success": greedy.summary(),
-                         "sampled_success": aggregate_seeds(successes(by_mode["sampled"])).summary(),
+                         "sampled_success": aggregate_seeds(successes(by_mode["sampled"]), rate=True).summary(),
                          "aulc": aulc.summary(), "beats_random": flag,
                          "budget": {"frames": records[0]["frames"], "iterations": records[0]["iterations"],
                                     "final_distill_coef": records[0]["final_distill_coef"]},
