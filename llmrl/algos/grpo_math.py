@@ -120,9 +120,9 @@ def make_trainer(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg:
         seed=cfg.seed,
         data_seed=cfg.seed,
         bf16=cfg.bf16,
-        # TRL turns activation checkpointing on by default: a 135M model's activations fit, so recomputing
-        # them in the backward pass only costs time (the loss and its gradient are the same)
-        activation_checkpointing=False,
+        # TRL's default, kept: measured on the CPU default, checkpointing costs 2.5 % of the time (204 vs 199 s)
+        # and saves 3.1 GiB of peak memory (5.2 vs 8.3 GiB: fp32 activations under a 49k-vocabulary head)
+        activation_checkpointing=True,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
