@@ -28,7 +28,7 @@ ENV_VARS := HF_HOME PREFECT_HOME MPLCONFIGDIR XDG_CACHE_HOME PIP_CACHE_DIR DVC_N
 	DVC_SYSTEM_CONFIG_DIR DVC_SITE_CACHE_DIR PREFECT_SERVER_ANALYTICS_ENABLED HF_HUB_DISABLE_TELEMETRY \
 	TOKENIZERS_PARALLELISM
 
-.PHONY: setup repro flow test bench prefect-ui clean
+.PHONY: setup repro test bench prefect-ui clean
 
 setup: $(STAMP)
 	@mkdir -p $(PREFECT_HOME) $(HF_HOME) $(MPLCONFIGDIR) $(XDG_CACHE_HOME)
@@ -45,12 +45,12 @@ $(STAMP): pyproject.toml
 		$(foreach v,$(ENV_VARS),echo 'export $(v)="$($(v))"';) } >> $(BIN)/activate
 	touch $(STAMP)
 
+# The DAG as a Prefect flow (ephemeral Prefect; set PREFECT_API_URL to use `make prefect-ui`'s server):
+# independent stages run side by side in WORKERS clones while their meta.cpus fit this machine's cores, and
+# this workspace ends as after `dvc repro`. WORKERS=0 runs the stages in turn, here.
+WORKERS ?= 2
 repro: setup
-	$(BIN)/dvc repro
-
-# The same DAG as a Prefect flow (ephemeral Prefect; set PREFECT_API_URL to use `make prefect-ui`'s server).
-flow: setup
-	$(BIN)/python pipelines/reproduce.py
+	$(BIN)/python pipelines/reproduce.py --workers $(WORKERS)
 
 test: setup
 	$(BIN)/python -m pytest -q

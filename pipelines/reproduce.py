@@ -1,25 +1,42 @@
-"""Prefect flow that runs the DVC pipeline stage by stage.
+"""Prefect flow that runs the DVC pipeline stage by stage, serially in this workspace or in parallel clones.
 
-It reads the DAG from dvc.yaml (through DVC's own index, foreach/matrix items included), submits one task
-per stage in dependency order, and each task runs ``dvc repro --single-item <stage>``, so DVC still decides
-what is stale and caches what it runs. DVC allows one ``repro`` per workspace (its repository lock), so the
-tasks of one flow run take turns on a workspace lock; for several stages at once, run flows in separate
-clones (one Prefect worker per clone or machine) that share artifacts through the DVC remote.
+It reads the DAG from dvc.yaml (through DVC's own index, foreach/matrix items included) and submits one task
+per stage in dependency order. DVC still decides what is stale and caches what runs: every task is a
+``dvc repro --single-item <stage>``.
 
-Stages with ``meta: {gpu: true}`` take a slot of the Prefect global concurrency limit ``gpu`` (sized to the
-number of GPUs; created if missing) and get ``CUDA_VISIBLE_DEVICES`` for the GPU they hold. Transient
-failures (e.g. a lock held by another process) are retried.
+Serial (``--workers 0``, the default): the tasks take turns on this workspace, because DVC's repository lock
+admits one ``repro`` per workspace.
 
-Run: ``python pipelines/reproduce.py [--stages glam_eval ...] [--gpus N]`` (ephemeral Prefect, no server),
-or against ``make prefect-ui`` with ``PREFECT_API_URL=http://127.0.0.1:4200/api``.
+Parallel (``--workers N``): N clones of this workspace (``.cache/workers/w<i>``, synced to the workspace's
+files, committed or not, before each stage) run independent stages at the same time. A clone gets the
+stage's inputs from DVC, runs the stage and leaves its outputs and DVC's run-cache entry where this
+workspace can read them; this workspace then runs ``dvc repro --single-item <stage>`` itself, which DVC
+answers from the run-cache ("is cached - skipping run, checking out outputs"), so it ends with the same
+``dvc.lock``, metrics and outputs as a serial run and never computes a stage twice. A stage DVC keeps no
+run-cache for (a ``persist`` out) runs in this workspace instead, in its turn. On one machine the
+clones share this workspace's DVC cache; with ``--remote NAME`` they pull inputs from and push outputs and
+run-cache to that remote instead (the route for clones on other machines), and this workspace pulls them
+back with ``dvc repro --pull`` (NAME must then be its default remote).
+
+Resources: a stage's ``meta: {cpus: k}`` (default 1) is the number of cores it keeps busy (torch threads
+or its own worker processes); stages run side by side only while their cores fit in ``--cpus`` (default:
+this machine's). Stages with ``meta: {gpu: true}`` take a slot of the Prefect global concurrency limit
+``gpu`` (sized to the number of GPUs; created if missing) and get ``CUDA_VISIBLE_DEVICES`` for the GPU they
+hold. Transient failures (e.g. a lock held by another process) are retried.
+
+Run: ``python pipelines/reproduce.py [--stages glam_eval ...] [--gpus N] [--workers N] [--remote NAME]``
+(ephemeral Prefect, no server), or against ``make prefect-ui`` with
+``PREFECT_API_URL=http://127.0.0.1:4200/api``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import filecmp
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,7 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
+from prefect.task_runners import ThreadPoolTaskRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_LIMIT = "gpu"
@@ -39,6 +58,10 @@ class StageNode:
     name: str
     upstream: tuple[str, ...]
     gpu: bool
+    cpus: int = 1
+    # DVC keeps no run-cache entry for a stage with a `persist` out (e.g. a reply cache that grows across
+    # runs) or an uncached out that is not a metric or plot: such a stage cannot move between workspaces.
+    run_cacheable: bool = True
 
 
 def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageNode]:
@@ -59,14 +82,232 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageN
             for s in list(wanted):
                 wanted |= nx.descendants(graph, s)
             order = [s for s in order if s in wanted]
-        return [
-            StageNode(
+        nodes = []
+        for s in order:
+            meta = s.meta or {}
+            cpus = meta.get("cpus", 1)
+            if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
+                raise ValueError(f"stage {s.addressing}: meta.cpus must be a positive integer, got {cpus!r}")
+            nodes.append(StageNode(
                 name=s.addressing,
                 upstream=tuple(d.addressing for d in graph.successors(s) if d.addressing in stages),
-                gpu=bool((s.meta or {}).get("gpu", False)),
-            )
-            for s in order
-        ]
+                gpu=bool(meta.get("gpu", False)),
+                cpus=cpus,
+                run_cacheable=not any(o.persist or not (o.use_cache or o.is_metric or o.is_plot) for o in s.outs),
+            ))
+        return nodes
+
+
+class CoreSlots:
+    """Counts free cores; a stage waits until the cores it declares are free.
+
+    Written here because Prefect's concurrency limits live on the API server and poll, while these slots
+    are one machine's cores. Waiting stages are served first-fit in arrival order: the oldest request that
+    fits the free cores goes first, so a one-core stage may start beside a running one while a two-core
+    stage waits for both.
+    """
+
+    def __init__(self, total: int):
+        if total < 1:
+            raise ValueError(f"cpus must be >= 1, got {total}")
+        self.total = total
+        self._free = total
+        self._waiting: list[tuple[object, int]] = []
+        self._cond = threading.Condition()
+
+    def _granted(self, ticket: object) -> bool:
+        free = self._free
+        for t, n in self._waiting:
+            if n <= free:
+                return t is ticket
+        return False
+
+    @contextlib.contextmanager
+    def hold(self, n: int):
+        n = min(n, self.total)
+        ticket = object()
+        with self._cond:
+            self._waiting.append((ticket, n))
+            self._cond.wait_for(lambda: self._granted(ticket))
+            self._waiting = [w for w in self._waiting if w[0] is not ticket]
+            self._free -= n
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._free += n
+                self._cond.notify_all()
+
+
+def _stage_env() -> dict[str, str]:
+    # Stage commands say `python`: make it this interpreter (the project's venv), as `make` does.
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def _dvc(args: list[str], cwd: Path | str, env: dict[str, str]) -> str:
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`dvc {' '.join(args)}` in {cwd} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def _git_files(repo: Path) -> set[str]:
+    """Files git sees in ``repo``'s working tree: tracked (unless deleted) and untracked but not ignored."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=repo, capture_output=True, check=True).stdout
+    return {p for p in out.decode().split("\0") if p}
+
+
+def _remote_url(root: Path, remote: str) -> str:
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        remotes = repo.config["remote"]
+        if remote not in remotes:
+            raise ValueError(f"--remote {remote!r} is not a DVC remote of {root}; known: {sorted(remotes)}")
+        return remotes[remote]["url"]  # DVC resolves a relative local path against the config file's folder
+
+
+def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
+    """Make ``clone`` a copy of ``root``'s files as git sees them (edits and new files included).
+
+    DVC outputs are not copied: they come from the shared cache or the remote when a stage needs them.
+    """
+    if not (clone / ".git").exists():
+        clone.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "clone", "-q", "--shared", str(root), str(clone)], check=True, capture_output=True)
+    wanted = {p for p in _git_files(root) if (root / p).is_file()}
+    for rel in _git_files(clone) - wanted:
+        (clone / rel).unlink(missing_ok=True)
+    for rel in wanted:
+        src, dst = root / rel, clone / rel
+        if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".sync-tmp")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    lines = []
+    if remote is None:
+        lines += ["[cache]", f"    dir = {root / '.dvc' / 'cache'}"]
+    else:
+        lines += ["[core]", f"    remote = {remote}", f"['remote \"{remote}\"']", f"    url = {_remote_url(root, remote)}"]
+    (clone / ".dvc" / "config.local").write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def _gpu(gpu: bool, free_gpus: queue.Queue | None, env: dict[str, str]):
+    held: str | None = None
+    if gpu and free_gpus is not None:
+        slot = concurrency(GPU_LIMIT, occupy=1, strict=True)
+        slot.__enter__()
+        held = free_gpus.get()  # the limit guarantees a free index is there
+        env["CUDA_VISIBLE_DEVICES"] = held
+    elif gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs configured: the stage runs on CPU
+    try:
+        yield held
+    finally:
+        if held is not None:
+            free_gpus.put(held)
+            slot.__exit__(None, None, None)
+
+
+@task(retries=2, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
+def run_stage(name: str, gpu: bool, free_gpus: queue.Queue | None, root: str = str(ROOT), cpus: int = 1,
+              cores: CoreSlots | None = None) -> str:
+    """``dvc repro --single-item`` for one stage in this workspace; a GPU stage holds a GPU slot."""
+    log = get_run_logger()
+    env = _stage_env()
+    with cores.hold(cpus) if cores else contextlib.nullcontext(), _gpu(gpu, free_gpus, env) as held, \
+            _workspace_lock:
+        log.info("dvc repro --single-item %s%s", name, f" on GPU {held}" if held is not None else "")
+        out = _dvc(["repro", "--single-item", name], root, env)
+    log.info(out[-4000:])
+    return "cached" if "didn't change, skipping" in out else "ran"
+
+
+@task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
+def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: int, free_gpus: queue.Queue | None,
+                       clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None) -> str:
+    """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache."""
+    log = get_run_logger()
+    env = _stage_env()
+    with _workspace_lock:  # its upstream stages are done: an up-to-date stage needs no clone
+        if "up to date" in _dvc(["status", name], root, env):
+            return "cached"
+    clone = clones.get()
+    try:
+        with cores.hold(cpus), _gpu(gpu, free_gpus, env) as held:
+            with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
+                sync_clone(Path(root), clone, remote)
+            if upstream:  # the stage's inputs, as this workspace's dvc.lock records them
+                _dvc(["pull" if remote else "checkout", *upstream], clone, env)
+            log.info("dvc repro --single-item %s in %s%s", name, clone.name,
+                     f" on GPU {held}" if held is not None else "")
+            out = _dvc(["repro", "--single-item", name], clone, env)
+            log.info(out[-4000:])
+            if remote:
+                _dvc(["push", "--run-cache", name], clone, env)
+                _run_python(f"push_uncached_outs({str(clone)!r}, {name!r}, {remote!r})", clone, env)
+        # The clone stays taken until this workspace holds the result: a sync before that would find the
+        # stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
+        with _workspace_lock:
+            restored = _dvc(["repro", "--single-item", *(["--pull"] if remote else []), name], root, env)
+    finally:
+        clones.put(clone)
+    if "is cached - skipping run" in restored:
+        return "ran"
+    if "didn't change, skipping" in restored:
+        return "cached"
+    raise RuntimeError(f"stage {name} ran in {clone} but this workspace could not restore it from the "
+                       f"run-cache and computed it again:\n{restored[-2000:]}")
+
+
+def push_uncached_outs(root: str, name: str, remote: str) -> None:
+    """Push the cache objects of a stage's git-tracked (``cache: false``) outputs to ``remote``.
+
+    DVC's run-cache keeps a copy of such outputs, but ``dvc push --run-cache`` sends only the objects of
+    cached outputs, so a workspace on another machine could not restore a stage whose outputs include a
+    metrics or plots file (it would compute the stage again). This closes that gap.
+    """
+    from dvc.repo import Repo
+
+    with contextlib.chdir(root), Repo(root) as repo:
+        (stage,) = [s for s in repo.index.stages if s.addressing == name]
+        objs = set()
+        for out in stage.outs:
+            if not out.use_cache and out.hash_info:
+                out.use_cache = True  # get_used_objs() skips uncached outputs; their objects are in the cache
+                for ids in out.get_used_objs().values():
+                    objs |= ids
+        if objs:
+            repo.cloud.push(objs, remote=remote)
+
+
+def _run_python(code: str, cwd: Path, env: dict[str, str]) -> None:
+    # This module, also when the repository it works on is not this project (tests use toy repositories).
+    env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", f"from pipelines.reproduce import *; {code}"], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{code}` in {cwd} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def _gpu_slots(nodes: list[StageNode], gpus: int | None) -> queue.Queue | None:
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    if gpus <= 0 or not any(n.gpu for n in nodes):
+        return None
+    _ensure_gpu_limit(gpus)
+    free_gpus: queue.Queue = queue.Queue()
+    for i in range(gpus):
+        free_gpus.put(str(i))
+    return free_gpus
 
 
 def _ensure_gpu_limit(n_gpus: int) -> None:
@@ -83,57 +324,42 @@ def _ensure_gpu_limit(n_gpus: int) -> None:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=n_gpus))
 
 
-@task(retries=2, retry_delay_seconds=15, task_run_name="dvc:{name}")
-def run_stage(name: str, gpu: bool, free_gpus: queue.Queue | None, root: str = str(ROOT)) -> str:
-    """``dvc repro --single-item`` for one stage; a GPU stage holds a GPU slot while it runs."""
-    log = get_run_logger()
-    # Stage commands say `python`: make it this interpreter (the project's venv), as `make` does.
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    held: str | None = None
-    if gpu and free_gpus is not None:
-        slot = concurrency(GPU_LIMIT, occupy=1, strict=True)
-        slot.__enter__()
-        held = free_gpus.get()  # the limit guarantees a free index is there
-        env["CUDA_VISIBLE_DEVICES"] = held
-    elif gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs configured: the stage runs on CPU
-    try:
-        with _workspace_lock:
-            log.info("dvc repro --single-item %s%s", name, f" on GPU {held}" if held is not None else "")
-            proc = subprocess.run(
-                [sys.executable, "-m", "dvc", "repro", "--single-item", name],
-                cwd=root, env=env, capture_output=True, text=True,
-            )
-        if proc.stdout:
-            log.info(proc.stdout[-4000:])
-        if proc.returncode != 0:
-            raise RuntimeError(f"stage {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        return "cached" if "didn't change, skipping" in proc.stdout else "ran"
-    finally:
-        if held is not None:
-            free_gpus.put(held)
-            slot.__exit__(None, None, None)
+# Threads only wait (on upstream tasks, slots or subprocesses): one per stage never deadlocks.
+@flow(name="llmrl-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=256))
+def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: str = str(ROOT),
+              workers: int = 0, cpus: int | None = None, remote: str | None = None) -> dict[str, str]:
+    """Run the DVC DAG (or the named stages and their upstream) as Prefect tasks in dependency order.
 
-
-@flow(name="llmrl-reproduce", log_prints=True)
-def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: str = str(ROOT)) -> dict[str, str]:
-    """Run the DVC DAG (or the named stages and their upstream) as Prefect tasks in dependency order."""
+    ``workers`` > 0 runs up to that many stages at once, each in its own clone, while their ``meta.cpus``
+    fit in ``cpus`` cores; the workspace ends as after a serial run.
+    """
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    if remote is not None and workers == 0:
+        raise ValueError("remote is only used with workers > 0 (clones exchange results through it)")
     nodes = read_dag(Path(root), stages)
-    if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    free_gpus: queue.Queue | None = None
-    if gpus > 0 and any(n.gpu for n in nodes):
-        _ensure_gpu_limit(gpus)
-        free_gpus = queue.Queue()
-        for i in range(gpus):
-            free_gpus.put(str(i))
+    free_gpus = _gpu_slots(nodes, gpus)
     futures = {}
-    for node in nodes:
-        futures[node.name] = run_stage.with_options(tags=["gpu"] if node.gpu else []).submit(
-            node.name, node.gpu, free_gpus, root, wait_for=[futures[u] for u in node.upstream if u in futures]
-        )
+    if workers == 0:
+        for node in nodes:
+            futures[node.name] = run_stage.with_options(tags=["gpu"] if node.gpu else []).submit(
+                node.name, node.gpu, free_gpus, root, wait_for=[futures[u] for u in node.upstream if u in futures]
+            )
+    else:
+        clones: queue.Queue = queue.Queue()
+        for i in range(workers):
+            clones.put(Path(root) / ".cache" / "workers" / f"w{i}")
+        cores = CoreSlots(cpus or os.cpu_count() or 1)
+        for node in nodes:
+            upstream = [futures[u] for u in node.upstream if u in futures]
+            tags = ["gpu"] if node.gpu else []
+            if node.run_cacheable:
+                futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
+                    node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
+                    wait_for=upstream)
+            else:  # runs here, holding its cores like any other stage
+                futures[node.name] = run_stage.with_options(tags=tags).submit(
+                    node.name, node.gpu, free_gpus, root, node.cpus, cores, wait_for=upstream)
     return {name: fut.result() for name, fut in futures.items()}
 
 
@@ -142,8 +368,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", nargs="*", default=None, help="stages to bring up to date (default: all)")
     parser.add_argument("--gpus", type=int, default=None, help="GPU slots (default: the GPUs torch sees)")
     parser.add_argument("--root", default=str(ROOT), help="the DVC repository (default: this project)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="stages run at once, each in its own clone (default 0: serially in this workspace)")
+    parser.add_argument("--cpus", type=int, default=None,
+                        help="cores shared by parallel stages, against their meta.cpus (default: this machine's)")
+    parser.add_argument("--remote", default=None,
+                        help="DVC remote the clones exchange results through (default: this workspace's cache)")
     args = parser.parse_args(argv)
-    result = reproduce(stages=args.stages, gpus=args.gpus, root=args.root)
+    result = reproduce(stages=args.stages, gpus=args.gpus, root=args.root, workers=args.workers, cpus=args.cpus,
+                       remote=args.remote)
     for name, status in result.items():
         print(f"{name}: {status}")
 

@@ -159,3 +159,102 @@ def test_prefect_flow_runs_dag_in_order(tmp_path):
     assert (root / "c.txt").read_text() == "a|0|done"
     second = _run(flow, root)
     assert "prepare: cached\ntrain: cached\nreport: cached" in second
+
+
+# A diamond with a cached out, a git-tracked metric, a two-core stage and one-core stages that may overlap.
+# Every command appends "<stage> start|end <time>" to $TOY_LOG so the test can see what ran side by side.
+_TOY_STEP = ("import json, os, sys, time; name, out, *ins = sys.argv[1:]; "
+             "log = lambda w: open(os.environ['TOY_LOG'], 'a').write(f'{name} {w} {time.time()}\\n'); "
+             "log('start'); time.sleep(4); text = name + ''.join(open(i).read() for i in ins); "
+             "os.makedirs(os.path.dirname(out), exist_ok=True); "
+             "open(out, 'w').write(json.dumps({'len': len(text)}) if out.endswith('.json') else text); log('end')")
+TOY_PARALLEL_DVC = f"""
+stages:
+  source:
+    cmd: python step.py source out/source.txt params.yaml
+    deps: [step.py]
+    params: [size]
+    outs: [out/source.txt]
+  left:
+    cmd: python step.py left out/left.txt out/source.txt
+    deps: [step.py, out/source.txt]
+    outs: [out/left.txt]
+  right:
+    cmd: python step.py right metrics/right.json out/source.txt
+    deps: [step.py, out/source.txt]
+    metrics:
+      - metrics/right.json: {{cache: false}}
+  wide:
+    cmd: python step.py wide out/wide.txt out/source.txt
+    deps: [step.py, out/source.txt]
+    outs: [out/wide.txt]
+    meta: {{cpus: 2}}
+  join:
+    cmd: python step.py join out/join.txt out/left.txt metrics/right.json out/wide.txt
+    deps: [step.py, out/left.txt, metrics/right.json, out/wide.txt]
+    outs: [out/join.txt]
+"""
+
+
+def _toy_parallel_repo(path):
+    path.mkdir()
+    (path / "step.py").write_text(_TOY_STEP.replace("; ", "\n"))
+    (path / "dvc.yaml").write_text(TOY_PARALLEL_DVC)
+    (path / "params.yaml").write_text("size: 3\n")
+    _git("init", "-q", cwd=path)
+    _dvc("init", "-q", cwd=path)
+    _git("add", "-A", cwd=path)
+    _git("commit", "-qm", "toy", cwd=path)
+    return path
+
+
+def _intervals(log):
+    spans = {}
+    for line in log.read_text().splitlines():
+        name, what, t = line.split()
+        spans.setdefault(name, {})[what] = float(t)
+    return {name: (s["start"], s["end"]) for name, s in spans.items()}
+
+
+def _outputs(root):
+    # dvc.lock as data: DVC appends a stage's first entry when it finishes, so the order of new entries
+    # follows completion order, which parallel stages change.
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    files = ["out/source.txt", "out/left.txt", "metrics/right.json", "out/wide.txt", "out/join.txt"]
+    return lock, {f: (root / f).read_bytes() for f in files}
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
+    from pipelines.reproduce import read_dag
+
+    serial = _toy_parallel_repo(tmp_path / "serial")
+    parallel = tmp_path / "parallel"
+    _git("clone", "-q", str(serial), str(parallel), cwd=tmp_path)
+    assert {n.name: n.cpus for n in read_dag(serial)}["wide"] == 2
+    monkeypatch.setenv("TOY_LOG", str(tmp_path / "serial.log"))
+    _dvc("repro", cwd=serial)
+
+    monkeypatch.setenv("TOY_LOG", str(tmp_path / "parallel.log"))
+    flow = [sys.executable, str(ROOT / "pipelines" / "reproduce.py"), "--root", str(parallel), "--workers", "2",
+            "--cpus", "2"]
+    if remote:
+        _dvc("remote", "add", "-d", "--local", "shared", str(tmp_path / "remote"), cwd=parallel)
+        flow += ["--remote", "shared"]
+    (parallel / "params.yaml").write_text("size: 3\n")  # an uncommitted edit reaches the clones too
+    out = _run(flow, parallel)
+    for stage in ("source", "left", "right", "wide", "join"):
+        assert f"{stage}: ran" in out, out
+    assert _outputs(parallel) == _outputs(serial)
+    assert "up to date" in _dvc("status", cwd=parallel)
+    spans = _intervals(tmp_path / "parallel.log")
+    assert set(spans) == {"source", "left", "right", "wide", "join"}  # each stage computed once, in a clone
+
+    def overlap(a, b):
+        return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+
+    assert overlap("left", "right")  # two one-core stages side by side on two cores
+    assert not any(overlap("wide", other) for other in ("left", "right"))  # the two-core stage ran alone
+
+    again = _run(flow, parallel)
+    assert "join: cached" in again
