@@ -32,8 +32,11 @@ Run: ``python pipelines/reproduce.py [--stages glam_eval ...] [--gpus N] [--work
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import filecmp
+import hashlib
+import itertools
 import os
 import queue
 import shutil
@@ -229,41 +232,177 @@ def run_stage(name: str, gpu: bool, free_gpus: queue.Queue | None, root: str = s
     return "cached" if "didn't change, skipping" in out else "ran"
 
 
+def _run_in_clone(clone: Path, name: str, upstream: tuple[str, ...] | list[str], remote: str | None,
+                  env: dict[str, str]) -> str:
+    """In a clone already holding this workspace's files: fetch the stage's inputs, run it, publish it."""
+    if upstream:  # the stage's inputs, as the synced dvc.lock records them
+        _dvc(["pull" if remote else "checkout", *upstream], clone, env)
+    out = _dvc(["repro", "--single-item", name], clone, env)
+    if remote:
+        _dvc(["push", "--run-cache", name], clone, env)
+        _run_python(f"push_uncached_outs({str(clone)!r}, {name!r}, {remote!r})", clone, env)
+    return out
+
+
+def forget_recorded_outs(root: Path, name: str) -> None:
+    """Drop the output hashes ``dvc.lock`` records for stage ``name`` (the rest of the file stays as it is).
+
+    Needed before taking a stage's new result from the run-cache: when a stage's deps and params match its
+    dvc.lock entry (it re-ran only because its outputs were missing), ``dvc repro`` restores the outputs that
+    entry records and, when those are not in the cache, runs the command, without looking at the run-cache.
+    Without its recorded outputs the entry counts as changed and DVC takes the newest run-cache entry.
+    """
+    from ruamel.yaml import YAML
+
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return
+    yaml = YAML()  # round-trip: keeps order, quoting and comments of every other entry
+    data = yaml.load(lock.read_text())
+    entry = (data or {}).get("stages", {}).get(name)
+    if entry is None or "outs" not in entry:
+        return
+    del entry["outs"]
+    tmp = lock.with_name(lock.name + ".tmp")
+    with tmp.open("w") as handle:
+        yaml.dump(data, handle)
+    os.replace(tmp, lock)
+
+
+def _restore(name: str, root: str, remote: str | None, env: dict[str, str], where: str, ran: bool) -> str:
+    """Take a stage that ran elsewhere into this workspace from DVC's run-cache (never computing it again)."""
+    with _workspace_lock:
+        if ran:
+            forget_recorded_outs(Path(root), name)
+        restored = _dvc(["repro", "--single-item", *(["--pull"] if remote else []), name], root, env)
+    if "is cached - skipping run" in restored:
+        return "ran"
+    if "didn't change, skipping" in restored:
+        return "cached"
+    raise RuntimeError(f"stage {name} ran in {where} but this workspace could not restore it from the "
+                       f"run-cache and computed it again:\n{restored[-2000:]}")
+
+
+def _up_to_date(name: str, root: str, env: dict[str, str]) -> bool:
+    with _workspace_lock:  # its upstream stages are done: an up-to-date stage needs no worker
+        return "up to date" in _dvc(["status", name], root, env)
+
+
 @task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: int, free_gpus: queue.Queue | None,
                        clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None) -> str:
     """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache."""
     log = get_run_logger()
     env = _stage_env()
-    with _workspace_lock:  # its upstream stages are done: an up-to-date stage needs no clone
-        if "up to date" in _dvc(["status", name], root, env):
-            return "cached"
-    clone = clones.get()
-    try:
-        with cores.hold(cpus), _gpu(gpu, free_gpus, env) as held:
-            with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
-                sync_clone(Path(root), clone, remote)
-            if upstream:  # the stage's inputs, as this workspace's dvc.lock records them
-                _dvc(["pull" if remote else "checkout", *upstream], clone, env)
-            log.info("dvc repro --single-item %s in %s%s", name, clone.name,
-                     f" on GPU {held}" if held is not None else "")
-            out = _dvc(["repro", "--single-item", name], clone, env)
-            log.info(out[-4000:])
-            if remote:
-                _dvc(["push", "--run-cache", name], clone, env)
-                _run_python(f"push_uncached_outs({str(clone)!r}, {name!r}, {remote!r})", clone, env)
-        # The clone stays taken until this workspace holds the result: a sync before that would find the
-        # stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
-        with _workspace_lock:
-            restored = _dvc(["repro", "--single-item", *(["--pull"] if remote else []), name], root, env)
-    finally:
-        clones.put(clone)
-    if "is cached - skipping run" in restored:
-        return "ran"
-    if "didn't change, skipping" in restored:
+    if _up_to_date(name, root, env):
         return "cached"
-    raise RuntimeError(f"stage {name} ran in {clone} but this workspace could not restore it from the "
-                       f"run-cache and computed it again:\n{restored[-2000:]}")
+    # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use.
+    with cores.hold(cpus):
+        clone = clones.get()
+        try:
+            with _gpu(gpu, free_gpus, env) as held:
+                with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
+                    sync_clone(Path(root), clone, remote)
+                log.info("dvc repro --single-item %s in %s%s", name, clone.name,
+                         f" on GPU {held}" if held is not None else "")
+                out = _run_in_clone(clone, name, upstream, remote, env)
+                log.info(out[-4000:])
+            # The clone stays taken until this workspace holds the result: a sync before that would find the
+            # stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
+            return _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out)
+        finally:
+            clones.put(clone)
+
+
+def workspace_overlay(root: Path) -> tuple[str, dict[str, str | None]]:
+    """``root``'s HEAD commit and its working-tree changes (path -> base64 content, or None if deleted)."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames"],
+                            cwd=root, capture_output=True, check=True).stdout.decode()
+    files: dict[str, str | None] = {}
+    for entry in filter(None, status.split("\0")):
+        rel = entry[3:]
+        path = root / rel
+        files[rel] = base64.b64encode(path.read_bytes()).decode() if path.is_file() else None
+    return commit, files
+
+
+@flow(name="llmrl-stage", log_prints=True)
+def run_stage_flow(stage: str, upstream: list[str], git_url: str, commit: str, files: dict[str, str | None],
+                   remote: str, remote_url: str | None = None) -> str:
+    """One stage on a worker (any machine with this project set up and a Prefect worker on the pool).
+
+    Checks out the coordinator's commit in a clone of its own (under ``$LLMRL_WORKER_DIR``, by default
+    ``.cache/stage-workers/`` of the worker's folder; one per concurrent run), applies the coordinator's uncommitted changes (``files``),
+    pulls the stage's inputs from the DVC remote, runs the stage and pushes its outputs and run-cache entry.
+    """
+    log = get_run_logger()
+    env = _stage_env()
+    base = Path(os.environ.get("LLMRL_WORKER_DIR") or Path.cwd() / ".cache" / "stage-workers")
+    base = base / hashlib.sha256(git_url.encode()).hexdigest()[:12]
+    base.mkdir(parents=True, exist_ok=True)
+    with _slot_lock(base) as slot:
+        clone = base / f"clone-{slot}"
+        if not (clone / ".git").exists():
+            subprocess.run(["git", "clone", "-q", "--no-checkout", git_url, str(clone)], check=True, capture_output=True)
+        subprocess.run(["git", "fetch", "-q", "origin", commit], cwd=clone, check=True, capture_output=True)
+        subprocess.run(["git", "checkout", "-q", "--force", commit], cwd=clone, check=True, capture_output=True)
+        for rel, content in files.items():
+            path = clone / rel
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(base64.b64decode(content))
+        lines = ["[core]", f"    remote = {remote}"]
+        if remote_url:
+            lines += [f"['remote \"{remote}\"']", f"    url = {remote_url}"]
+        (clone / ".dvc" / "config.local").write_text("\n".join(lines) + "\n")
+        log.info("dvc repro --single-item %s in %s", stage, clone)
+        out = _run_in_clone(clone, stage, upstream, remote, env)
+        log.info(out[-4000:])
+        return "cached" if "didn't change, skipping" in out else "ran"
+
+
+@contextlib.contextmanager
+def _slot_lock(base: Path):
+    """The first free slot index under ``base`` (an exclusive file lock held while the run lasts)."""
+    import fcntl
+
+    for i in itertools.count():
+        handle = open(base / f"slot-{i}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield i
+        finally:
+            handle.close()
+        return
+
+
+@task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
+def run_stage_on_pool(name: str, upstream: tuple[str, ...], root: str, deployment: str, git_url: str, remote: str,
+                      remote_url: str | None) -> str:
+    """Run one stage as a flow run of the ``llmrl-stage`` deployment (a worker of its pool picks it up),
+    then restore its result here through the DVC remote."""
+    from prefect.deployments import run_deployment
+
+    env = _stage_env()
+    if _up_to_date(name, root, env):
+        return "cached"
+    with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
+        commit, files = workspace_overlay(Path(root))
+    run = run_deployment(deployment, parameters=dict(stage=name, upstream=list(upstream), git_url=git_url,
+                                                      commit=commit, files=files, remote=remote,
+                                                      remote_url=remote_url), timeout=None)
+    if not run.state or not run.state.is_completed():
+        raise RuntimeError(f"stage {name}: flow run {run.name} of {deployment} ended {run.state}")
+    # Whether the worker ran it or found it up to date, this workspace was not: its result is the worker's.
+    return _restore(name, root, remote, env, f"flow run {run.name}", ran=True)
 
 
 def push_uncached_outs(root: str, name: str, remote: str) -> None:
@@ -325,41 +464,47 @@ def _ensure_gpu_limit(n_gpus: int) -> None:
 
 
 # Threads only wait (on upstream tasks, slots or subprocesses): one per stage never deadlocks.
+# Threads only wait (on upstream tasks, slots or subprocesses): one per stage never deadlocks.
 @flow(name="llmrl-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=256))
 def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: str = str(ROOT),
-              workers: int = 0, cpus: int | None = None, remote: str | None = None) -> dict[str, str]:
+              workers: int = 0, cpus: int | None = None, remote: str | None = None, pool: str | None = None,
+              git_url: str | None = None, remote_url: str | None = None) -> dict[str, str]:
     """Run the DVC DAG (or the named stages and their upstream) as Prefect tasks in dependency order.
 
     ``workers`` > 0 runs up to that many stages at once, each in its own clone, while their ``meta.cpus``
-    fit in ``cpus`` cores; the workspace ends as after a serial run.
+    fit in ``cpus`` cores. ``pool`` (a deployment of ``run_stage_flow``, e.g. ``llmrl-stage/stage``) runs every
+    stage as a flow run that the deployment's workers pick up, on any machine, exchanging data through the DVC
+    ``remote`` and code through ``git_url`` (default: this workspace's path). Either way the workspace ends
+    as after a serial run.
     """
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
-    if remote is not None and workers == 0:
-        raise ValueError("remote is only used with workers > 0 (clones exchange results through it)")
+    if remote is not None and workers == 0 and pool is None:
+        raise ValueError("remote is only used with workers > 0 or a pool (they exchange results through it)")
+    if pool is not None and remote is None:
+        raise ValueError("pool needs remote: flow runs on other machines exchange data through a DVC remote")
     nodes = read_dag(Path(root), stages)
     free_gpus = _gpu_slots(nodes, gpus)
+    if pool:
+        remote_url = remote_url or _remote_url(Path(root), remote)
     futures = {}
-    if workers == 0:
-        for node in nodes:
-            futures[node.name] = run_stage.with_options(tags=["gpu"] if node.gpu else []).submit(
-                node.name, node.gpu, free_gpus, root, wait_for=[futures[u] for u in node.upstream if u in futures]
-            )
-    else:
-        clones: queue.Queue = queue.Queue()
-        for i in range(workers):
-            clones.put(Path(root) / ".cache" / "workers" / f"w{i}")
-        cores = CoreSlots(cpus or os.cpu_count() or 1)
-        for node in nodes:
-            upstream = [futures[u] for u in node.upstream if u in futures]
-            tags = ["gpu"] if node.gpu else []
-            if node.run_cacheable:
-                futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
-                    node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
-                    wait_for=upstream)
-            else:  # runs here, holding its cores like any other stage
-                futures[node.name] = run_stage.with_options(tags=tags).submit(
-                    node.name, node.gpu, free_gpus, root, node.cpus, cores, wait_for=upstream)
+    cores = CoreSlots(cpus or os.cpu_count() or 1) if workers else None
+    clones: queue.Queue = queue.Queue()
+    for i in range(workers):
+        clones.put(Path(root) / ".cache" / "workers" / f"w{i}")
+    for node in nodes:
+        upstream = [futures[u] for u in node.upstream if u in futures]
+        tags = ["gpu"] if node.gpu else []
+        if pool and node.run_cacheable:  # the pool's workers hold their machines' cores and GPUs
+            futures[node.name] = run_stage_on_pool.with_options(tags=tags).submit(
+                node.name, node.upstream, root, pool, git_url or root, remote, remote_url, wait_for=upstream)
+        elif workers and node.run_cacheable:
+            futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
+                node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
+                wait_for=upstream)
+        else:  # here, in turn (holding its cores when stages run side by side)
+            futures[node.name] = run_stage.with_options(tags=tags).submit(
+                node.name, node.gpu, free_gpus, root, node.cpus, cores, wait_for=upstream)
     return {name: fut.result() for name, fut in futures.items()}
 
 
@@ -373,10 +518,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpus", type=int, default=None,
                         help="cores shared by parallel stages, against their meta.cpus (default: this machine's)")
     parser.add_argument("--remote", default=None,
-                        help="DVC remote the clones exchange results through (default: this workspace's cache)")
+                        help="DVC remote the clones or pool workers exchange results through (default with "
+                             "--workers: this workspace's cache)")
+    parser.add_argument("--pool", default=None,
+                        help="deployment of run_stage_flow whose workers run the stages (e.g. llmrl-stage/stage; "
+                             "see prefect.yaml); needs --remote")
+    parser.add_argument("--git-url", default=None,
+                        help="where pool workers fetch this workspace's commit (default: its path; push first)")
+    parser.add_argument("--remote-url", default=None,
+                        help="the remote's URL as pool workers must use it (default: the URL in .dvc/config)")
     args = parser.parse_args(argv)
     result = reproduce(stages=args.stages, gpus=args.gpus, root=args.root, workers=args.workers, cpus=args.cpus,
-                       remote=args.remote)
+                       remote=args.remote, pool=args.pool, git_url=args.git_url, remote_url=args.remote_url)
     for name, status in result.items():
         print(f"{name}: {status}")
 

@@ -180,8 +180,11 @@ stages:
     deps: [step.py, out/source.txt]
     outs: [out/left.txt]
   right:
-    cmd: python step.py right metrics/right.json out/source.txt
+    cmd:
+      - python step.py right metrics/right.json out/source.txt
+      - python step.py right_data out/right.txt out/source.txt
     deps: [step.py, out/source.txt]
+    outs: [out/right.txt]
     metrics:
       - metrics/right.json: {{cache: false}}
   wide:
@@ -193,7 +196,13 @@ stages:
     cmd: python step.py join out/join.txt out/left.txt metrics/right.json out/wide.txt
     deps: [step.py, out/left.txt, metrics/right.json, out/wide.txt]
     outs: [out/join.txt]
+  clock:
+    cmd: python -c "import time; open('out/clock.txt', 'w').write(repr(time.time()))"
+    deps: [out/source.txt]
+    outs: [out/clock.txt]
 """
+TOY_STAGES = {"source", "left", "right", "wide", "join"}  # and `clock`, whose output differs on every run
+TOY_COMMANDS = TOY_STAGES | {"right_data"}
 
 
 def _toy_parallel_repo(path):
@@ -216,11 +225,29 @@ def _intervals(log):
     return {name: (s["start"], s["end"]) for name, s in spans.items()}
 
 
+def _ran_serially_and_committed(serial):
+    """The serial run's results committed, as a fresh clone of this project finds them: dvc.lock and metrics
+    from git, outputs absent (a clone's cache is empty), so every stage runs again."""
+    _dvc("repro", cwd=serial)
+    _git("add", "-A", cwd=serial)
+    _git("commit", "-qm", "results", cwd=serial)
+
+
+def _check_clock_restored(root):
+    # Its dvc.lock entry was committed with another output, which is in no cache: the workspace must still
+    # take the clone's run from the run-cache rather than computing it a second time.
+    import hashlib
+
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]["clock"]
+    assert lock["outs"][0]["md5"] == hashlib.md5((root / "out/clock.txt").read_bytes()).hexdigest()
+
+
 def _outputs(root):
     # dvc.lock as data: DVC appends a stage's first entry when it finishes, so the order of new entries
     # follows completion order, which parallel stages change.
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    files = ["out/source.txt", "out/left.txt", "metrics/right.json", "out/wide.txt", "out/join.txt"]
+    lock["stages"].pop("clock", None)
+    files = ["out/source.txt", "out/left.txt", "metrics/right.json", "out/right.txt", "out/wide.txt", "out/join.txt"]
     return lock, {f: (root / f).read_bytes() for f in files}
 
 
@@ -229,11 +256,11 @@ def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
     from pipelines.reproduce import read_dag
 
     serial = _toy_parallel_repo(tmp_path / "serial")
-    parallel = tmp_path / "parallel"
-    _git("clone", "-q", str(serial), str(parallel), cwd=tmp_path)
     assert {n.name: n.cpus for n in read_dag(serial)}["wide"] == 2
     monkeypatch.setenv("TOY_LOG", str(tmp_path / "serial.log"))
-    _dvc("repro", cwd=serial)
+    _ran_serially_and_committed(serial)
+    parallel = tmp_path / "parallel"
+    _git("clone", "-q", str(serial), str(parallel), cwd=tmp_path)
 
     monkeypatch.setenv("TOY_LOG", str(tmp_path / "parallel.log"))
     flow = [sys.executable, str(ROOT / "pipelines" / "reproduce.py"), "--root", str(parallel), "--workers", "2",
@@ -241,14 +268,14 @@ def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
     if remote:
         _dvc("remote", "add", "-d", "--local", "shared", str(tmp_path / "remote"), cwd=parallel)
         flow += ["--remote", "shared"]
-    (parallel / "params.yaml").write_text("size: 3\n")  # an uncommitted edit reaches the clones too
     out = _run(flow, parallel)
-    for stage in ("source", "left", "right", "wide", "join"):
+    for stage in TOY_STAGES | {"clock"}:
         assert f"{stage}: ran" in out, out
     assert _outputs(parallel) == _outputs(serial)
     assert "up to date" in _dvc("status", cwd=parallel)
     spans = _intervals(tmp_path / "parallel.log")
-    assert set(spans) == {"source", "left", "right", "wide", "join"}  # each stage computed once, in a clone
+    assert set(spans) == TOY_COMMANDS  # each stage computed once, in a clone
+    _check_clock_restored(parallel)
 
     def overlap(a, b):
         return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
@@ -258,3 +285,67 @@ def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
 
     again = _run(flow, parallel)
     assert "join: cached" in again
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_pool_workers_end_as_a_serial_run(tmp_path, monkeypatch):
+    """The multi-machine route on one machine: a Prefect server, a process work pool with the project's
+    `stage` deployment (prefect.yaml), one worker, and the stages' data exchanged through a DVC remote."""
+    import time
+    import urllib.request
+
+    serial = _toy_parallel_repo(tmp_path / "serial")
+    monkeypatch.setenv("TOY_LOG", str(tmp_path / "serial.log"))
+    _ran_serially_and_committed(serial)
+    parallel = tmp_path / "parallel"
+    _git("clone", "-q", str(serial), str(parallel), cwd=tmp_path)
+
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("PREFECT_API_URL", api)
+    monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "1")
+    monkeypatch.setenv("TOY_LOG", str(tmp_path / "pool.log"))
+    monkeypatch.setenv("LLMRL_WORKER_DIR", str(tmp_path / "worker"))
+    bin_dir = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    prefect = str(bin_dir / "prefect")
+    logs = open(tmp_path / "services.log", "w")
+    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=logs, stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{api}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        _run([prefect, "work-pool", "create", "toy-pool", "--type", "process"], ROOT)
+        _run([prefect, "--no-prompt", "deploy", "--name", "stage", "--pool", "toy-pool"], ROOT)
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "toy-pool", "--limit", "2"], cwd=ROOT,
+                                  stdout=logs, stderr=subprocess.STDOUT)
+        _dvc("remote", "add", "-d", "--local", "shared", str(tmp_path / "remote"), cwd=parallel)
+        out = _run([sys.executable, str(ROOT / "pipelines" / "reproduce.py"), "--root", str(parallel),
+                    "--pool", "llmrl-stage/stage", "--remote", "shared"], parallel)
+    finally:
+        for proc in (worker, server):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=60)
+        logs.close()
+    for stage in TOY_STAGES | {"clock"}:
+        assert f"{stage}: ran" in out, out
+    assert _outputs(parallel) == _outputs(serial)
+    assert "up to date" in _dvc("status", cwd=parallel)
+    assert set(_intervals(tmp_path / "pool.log")) == TOY_COMMANDS
+    _check_clock_restored(parallel)
+    assert not (parallel / ".cache" / "workers").exists()  # nothing ran in local clones
+    assert list((tmp_path / "worker").glob("*/clone-0/.dvc"))  # but in the worker's own clone
