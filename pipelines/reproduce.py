@@ -294,10 +294,11 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
     """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache."""
     log = get_run_logger()
     env = _stage_env()
-    if _up_to_date(name, root, env):
-        return "cached"
-    # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use.
+    # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use,
+    # nor run even a `dvc status` beside a stage that holds every core (two-thread torch stalls under load).
     with cores.hold(cpus):
+        if _up_to_date(name, root, env):
+            return "cached"
         clone = clones.get()
         try:
             with _gpu(gpu, free_gpus, env) as held:

@@ -349,3 +349,36 @@ def test_pool_workers_end_as_a_serial_run(tmp_path, monkeypatch):
     _check_clock_restored(parallel)
     assert not (parallel / ".cache" / "workers").exists()  # nothing ran in local clones
     assert list((tmp_path / "worker").glob("*/clone-0/.dvc"))  # but in the worker's own clone
+
+
+def test_core_slots_first_fit():
+    import threading
+    import time
+
+    from pipelines.reproduce import CoreSlots
+
+    cores = CoreSlots(2)
+    events = []
+
+    def stage(name, n, seconds):
+        with cores.hold(n):
+            events.append((name, "start"))
+            time.sleep(seconds)
+            events.append((name, "end"))
+
+    first = threading.Thread(target=stage, args=("one-a", 1, 0.6))
+    first.start()
+    time.sleep(0.1)
+    wide = threading.Thread(target=stage, args=("two", 2, 0.1))
+    wide.start()
+    time.sleep(0.1)
+    second = threading.Thread(target=stage, args=("one-b", 1, 0.1))
+    second.start()
+    for t in (first, wide, second):
+        t.join(timeout=10)
+    order = [name for name, what in events if what == "start"]
+    # one-b fits beside one-a although it came after `two`; `two` waits until both cores are free.
+    assert order == ["one-a", "one-b", "two"]
+    assert events.index(("two", "start")) > events.index(("one-a", "end"))
+    with pytest.raises(ValueError, match="cpus"):
+        CoreSlots(0)
