@@ -46,11 +46,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The DAG as a Prefect flow (ephemeral Prefect; set PREFECT_API_URL to use `make prefect-ui`'s server):
-# independent stages run side by side in WORKERS clones while their meta.cpus fit this machine's cores, and
+# independent stages run side by side in WORKERS clones while their meta.cpus fit this machine's cores and their
+# meta.mem_gib (measured peaks: two LLM trainings together reached 9.3 GiB) fits 7.5 GiB, and
 # this workspace ends as after `dvc repro`. WORKERS=0 runs the stages in turn, here.
 WORKERS ?= 2
 repro: setup
-	$(BIN)/python pipelines/reproduce.py --workers $(WORKERS)
+	$(BIN)/python pipelines/reproduce.py --workers $(WORKERS) --mem-gib 7.5
 
 test: setup
 	$(BIN)/python -m pytest -q

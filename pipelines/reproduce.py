@@ -62,6 +62,7 @@ class StageNode:
     upstream: tuple[str, ...]
     gpu: bool
     cpus: int = 1
+    mem_gib: float = 1.0
     # DVC keeps no run-cache entry for a stage with a `persist` out (e.g. a reply cache that grows across
     # runs) or an uncached out that is not a metric or plot: such a stage cannot move between workspaces.
     run_cacheable: bool = True
@@ -91,55 +92,65 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageN
             cpus = meta.get("cpus", 1)
             if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
                 raise ValueError(f"stage {s.addressing}: meta.cpus must be a positive integer, got {cpus!r}")
+            mem = meta.get("mem_gib", 1.0)
+            if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
+                raise ValueError(f"stage {s.addressing}: meta.mem_gib must be a positive number, got {mem!r}")
             nodes.append(StageNode(
                 name=s.addressing,
                 upstream=tuple(d.addressing for d in graph.successors(s) if d.addressing in stages),
                 gpu=bool(meta.get("gpu", False)),
                 cpus=cpus,
+                mem_gib=float(mem),
                 run_cacheable=not any(o.persist or not (o.use_cache or o.is_metric or o.is_plot) for o in s.outs),
             ))
         return nodes
 
 
 class CoreSlots:
-    """Counts free cores; a stage waits until the cores it declares are free.
+    """Free cores and memory; a stage waits until the cores and the memory it declares are free.
 
-    Written here because Prefect's concurrency limits live on the API server and poll, while these slots
-    are one machine's cores. Waiting stages are served first-fit in arrival order: the oldest request that
-    fits the free cores goes first, so a one-core stage may start beside a running one while a two-core
-    stage waits for both.
+    Written here because Prefect's concurrency limits live on the API server and poll, while these are one
+    machine's resources. Waiting stages are served first-fit in arrival order: the oldest request that fits
+    goes first, so a one-core stage may start beside a running one while a two-core stage waits for both.
+    Memory (``meta.mem_gib``, a stage's measured peak) keeps two large stages from running side by side.
     """
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, mem_gib: float = float("inf")):
         if total < 1:
             raise ValueError(f"cpus must be >= 1, got {total}")
+        if mem_gib <= 0:
+            raise ValueError(f"mem_gib must be > 0, got {mem_gib}")
         self.total = total
+        self.mem_gib = mem_gib
         self._free = total
-        self._waiting: list[tuple[object, int]] = []
+        self._free_mem = mem_gib
+        self._waiting: list[tuple[object, int, float]] = []
         self._cond = threading.Condition()
 
     def _granted(self, ticket: object) -> bool:
-        free = self._free
-        for t, n in self._waiting:
-            if n <= free:
+        for t, n, mem in self._waiting:
+            # A stage larger than the whole budget runs alone rather than never.
+            if n <= self._free and (mem <= self._free_mem or self._free_mem == self.mem_gib):
                 return t is ticket
         return False
 
     @contextlib.contextmanager
-    def hold(self, n: int):
+    def hold(self, n: int, mem_gib: float = 0.0):
         n = min(n, self.total)
         ticket = object()
         with self._cond:
-            self._waiting.append((ticket, n))
+            self._waiting.append((ticket, n, mem_gib))
             self._cond.wait_for(lambda: self._granted(ticket))
             self._waiting = [w for w in self._waiting if w[0] is not ticket]
             self._free -= n
+            self._free_mem -= mem_gib
             self._cond.notify_all()
         try:
             yield
         finally:
             with self._cond:
                 self._free += n
+                self._free_mem += mem_gib
                 self._cond.notify_all()
 
 
@@ -220,11 +231,11 @@ def _gpu(gpu: bool, free_gpus: queue.Queue | None, env: dict[str, str]):
 
 @task(retries=2, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage(name: str, gpu: bool, free_gpus: queue.Queue | None, root: str = str(ROOT), cpus: int = 1,
-              cores: CoreSlots | None = None) -> str:
+              cores: CoreSlots | None = None, mem_gib: float = 0.0) -> str:
     """``dvc repro --single-item`` for one stage in this workspace; a GPU stage holds a GPU slot."""
     log = get_run_logger()
     env = _stage_env()
-    with cores.hold(cpus) if cores else contextlib.nullcontext(), _gpu(gpu, free_gpus, env) as held, \
+    with cores.hold(cpus, mem_gib) if cores else contextlib.nullcontext(), _gpu(gpu, free_gpus, env) as held, \
             _workspace_lock:
         log.info("dvc repro --single-item %s%s", name, f" on GPU {held}" if held is not None else "")
         out = _dvc(["repro", "--single-item", name], root, env)
@@ -290,13 +301,14 @@ def _up_to_date(name: str, root: str, env: dict[str, str]) -> bool:
 
 @task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: int, free_gpus: queue.Queue | None,
-                       clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None) -> str:
+                       clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None,
+                       mem_gib: float = 0.0) -> str:
     """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache."""
     log = get_run_logger()
     env = _stage_env()
     # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use,
     # nor run even a `dvc status` beside a stage that holds every core (two-thread torch stalls under load).
-    with cores.hold(cpus):
+    with cores.hold(cpus, mem_gib):
         if _up_to_date(name, root, env):
             return "cached"
         clone = clones.get()
@@ -469,11 +481,12 @@ def _ensure_gpu_limit(n_gpus: int) -> None:
 @flow(name="llmrl-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=256))
 def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: str = str(ROOT),
               workers: int = 0, cpus: int | None = None, remote: str | None = None, pool: str | None = None,
-              git_url: str | None = None, remote_url: str | None = None) -> dict[str, str]:
+              git_url: str | None = None, remote_url: str | None = None,
+              mem_gib: float | None = None) -> dict[str, str]:
     """Run the DVC DAG (or the named stages and their upstream) as Prefect tasks in dependency order.
 
     ``workers`` > 0 runs up to that many stages at once, each in its own clone, while their ``meta.cpus``
-    fit in ``cpus`` cores. ``pool`` (a deployment of ``run_stage_flow``, e.g. ``llmrl-stage/stage``) runs every
+    fit in ``cpus`` cores and their ``meta.mem_gib`` in ``mem_gib`` GiB. ``pool`` (a deployment of ``run_stage_flow``, e.g. ``llmrl-stage/stage``) runs every
     stage as a flow run that the deployment's workers pick up, on any machine, exchanging data through the DVC
     ``remote`` and code through ``git_url`` (default: this workspace's path). Either way the workspace ends
     as after a serial run.
@@ -489,7 +502,7 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
     if pool:
         remote_url = remote_url or _remote_url(Path(root), remote)
     futures = {}
-    cores = CoreSlots(cpus or os.cpu_count() or 1) if workers else None
+    cores = CoreSlots(cpus or os.cpu_count() or 1, mem_gib or float("inf")) if workers else None
     clones: queue.Queue = queue.Queue()
     for i in range(workers):
         clones.put(Path(root) / ".cache" / "workers" / f"w{i}")
@@ -502,10 +515,10 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
         elif workers and node.run_cacheable:
             futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
                 node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
-                wait_for=upstream)
+                node.mem_gib, wait_for=upstream)
         else:  # here, in turn (holding its cores when stages run side by side)
             futures[node.name] = run_stage.with_options(tags=tags).submit(
-                node.name, node.gpu, free_gpus, root, node.cpus, cores, wait_for=upstream)
+                node.name, node.gpu, free_gpus, root, node.cpus, cores, node.mem_gib, wait_for=upstream)
     return {name: fut.result() for name, fut in futures.items()}
 
 
@@ -518,6 +531,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="stages run at once, each in its own clone (default 0: serially in this workspace)")
     parser.add_argument("--cpus", type=int, default=None,
                         help="cores shared by parallel stages, against their meta.cpus (default: this machine's)")
+    parser.add_argument("--mem-gib", type=float, default=None,
+                        help="memory shared by parallel stages, against their meta.mem_gib (default: no limit)")
     parser.add_argument("--remote", default=None,
                         help="DVC remote the clones or pool workers exchange results through (default with "
                              "--workers: this workspace's cache)")
@@ -530,7 +545,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the remote's URL as pool workers must use it (default: the URL in .dvc/config)")
     args = parser.parse_args(argv)
     result = reproduce(stages=args.stages, gpus=args.gpus, root=args.root, workers=args.workers, cpus=args.cpus,
-                       remote=args.remote, pool=args.pool, git_url=args.git_url, remote_url=args.remote_url)
+                       remote=args.remote, pool=args.pool, git_url=args.git_url, remote_url=args.remote_url,
+                       mem_gib=args.mem_gib)
     for name, status in result.items():
         print(f"{name}: {status}")
 

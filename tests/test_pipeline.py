@@ -382,3 +382,34 @@ def test_core_slots_first_fit():
     assert events.index(("two", "start")) > events.index(("one-a", "end"))
     with pytest.raises(ValueError, match="cpus"):
         CoreSlots(0)
+
+
+def test_core_slots_keep_large_stages_apart():
+    import threading
+    import time
+
+    from pipelines.reproduce import CoreSlots
+
+    slots = CoreSlots(2, mem_gib=7.5)
+    running, peak = [], []
+    lock = threading.Lock()
+
+    def stage(mem):
+        with slots.hold(1, mem):
+            with lock:
+                running.append(mem)
+                peak.append(sum(running))
+            time.sleep(0.2)
+            with lock:
+                running.remove(mem)
+
+    threads = [threading.Thread(target=stage, args=(m,)) for m in (4.5, 4.5, 1.0)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(timeout=10)
+    assert max(peak) <= 7.5  # the two 4.5 GiB stages never overlapped; the small one ran beside one of them
+    assert 5.5 in peak
+    with slots.hold(1, 20.0):  # larger than the whole budget: runs alone instead of never
+        pass
