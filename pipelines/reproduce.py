@@ -184,6 +184,13 @@ def _remote_url(root: Path, remote: str) -> str:
         return remotes[remote]["url"]  # DVC resolves a relative local path against the config file's folder
 
 
+def _cache_dir(root: Path) -> str:
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return repo.cache.local_cache_dir  # .dvc/cache, or the folder `dvc cache dir` set
+
+
 def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
     """Make ``clone`` a copy of ``root``'s files as git sees them (edits and new files included).
 
@@ -205,7 +212,7 @@ def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
         os.replace(tmp, dst)
     lines = []
     if remote is None:
-        lines += ["[cache]", f"    dir = {root / '.dvc' / 'cache'}"]
+        lines += ["[cache]", f"    dir = {_cache_dir(root)}"]
     else:
         lines += ["[core]", f"    remote = {remote}", f"['remote \"{remote}\"']", f"    url = {_remote_url(root, remote)}"]
     (clone / ".dvc" / "config.local").write_text("\n".join(lines) + "\n")
