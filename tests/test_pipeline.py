@@ -165,7 +165,10 @@ def test_prefect_flow_runs_dag_in_order(tmp_path):
 # Every command appends "<stage> start|end <time>" to $TOY_LOG so the test can see what ran side by side.
 _TOY_STEP = ("import json, os, sys, time; name, out, *ins = sys.argv[1:]; "
              "log = lambda w: open(os.environ['TOY_LOG'], 'a').write(f'{name} {w} {time.time()}\\n'); "
-             "log('start'); time.sleep(4); text = name + ''.join(open(i).read() for i in ins); "
+             "log('start'); meet = os.environ.get('TOY_MEET', '').split(','); "
+             "other = [m for m in meet if m != name] if name in meet else []; deadline = time.time() + 60; "
+             "while other and time.time() < deadline and not any(l.startswith(other[0] + ' start') for l in open(os.environ['TOY_LOG'])): time.sleep(0.1); "
+             "time.sleep(4); text = name + ''.join(open(i).read() for i in ins); "
              "os.makedirs(os.path.dirname(out), exist_ok=True); "
              "open(out, 'w').write(json.dumps({'len': len(text)}) if out.endswith('.json') else text); log('end')")
 TOY_PARALLEL_DVC = f"""
@@ -263,6 +266,7 @@ def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
     _git("clone", "-q", str(serial), str(parallel), cwd=tmp_path)
 
     monkeypatch.setenv("TOY_LOG", str(tmp_path / "parallel.log"))
+    monkeypatch.setenv("TOY_MEET", "left,right")  # each waits up to 60 s for the other: only true overlap passes
     flow = [sys.executable, str(ROOT / "pipelines" / "reproduce.py"), "--root", str(parallel), "--workers", "2",
             "--cpus", "2"]
     if remote:
