@@ -484,7 +484,6 @@ def _ensure_gpu_limit(n_gpus: int) -> None:
 
 
 # Threads only wait (on upstream tasks, slots or subprocesses): one per stage never deadlocks.
-# Threads only wait (on upstream tasks, slots or subprocesses): one per stage never deadlocks.
 @flow(name="llmrl-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=256))
 def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: str = str(ROOT),
               workers: int = 0, cpus: int | None = None, remote: str | None = None, pool: str | None = None,
@@ -493,10 +492,10 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
     """Run the DVC DAG (or the named stages and their upstream) as Prefect tasks in dependency order.
 
     ``workers`` > 0 runs up to that many stages at once, each in its own clone, while their ``meta.cpus``
-    fit in ``cpus`` cores and their ``meta.mem_gib`` in ``mem_gib`` GiB. ``pool`` (a deployment of ``run_stage_flow``, e.g. ``llmrl-stage/stage``) runs every
-    stage as a flow run that the deployment's workers pick up, on any machine, exchanging data through the DVC
-    ``remote`` and code through ``git_url`` (default: this workspace's path). Either way the workspace ends
-    as after a serial run.
+    fit in ``cpus`` cores and their ``meta.mem_gib`` in ``mem_gib`` GiB. ``pool`` (a deployment of
+    ``run_stage_flow``, e.g. ``llmrl-stage/stage``) runs every stage as a flow run that the deployment's workers
+    pick up, on any machine, exchanging data through the DVC ``remote`` and code through ``git_url`` (default: this
+    workspace's path). Either way the workspace ends as after a serial run.
     """
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")

@@ -2,6 +2,8 @@
 
 from common import ROOT, log, stage_params  # isort: skip
 
+import torch
+
 from llmrl.config import BaseLLMParams
 from llmrl.llm import load_model, save_model
 
@@ -10,6 +12,7 @@ OUT = ROOT / "models" / "base_llm"
 
 def main() -> None:
     p = stage_params("base_llm", BaseLLMParams)
+    torch.set_num_threads(p.threads)
     llm = load_model(p.spec, device="cpu", dtype="float32")
     model = llm.model
     save_model(model, llm.tokenizer, OUT)

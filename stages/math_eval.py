@@ -11,6 +11,7 @@ from common import ROOT, log, stage_params  # isort: skip
 import json
 import time
 
+import torch
 from dvclive import Live
 
 from llmrl.agents.math_solver import load_policy, solve
@@ -26,6 +27,7 @@ def main() -> None:
     p = stage_params("math_eval", MathEvalParams)
     common = stage_params("reinforce_train", ReinforceTrainParams).common  # same model, prompt and few-shot
     seed_everything(p.seed)
+    torch.set_num_threads(p.threads)
     test = read_jsonl(ROOT / "data" / "math" / "test.jsonl")[: p.n_problems]
     shots = read_jsonl(ROOT / "data" / "math" / "train.jsonl")[: common.few_shot]
     base = str(ROOT / common.model) if (ROOT / common.model).is_dir() else common.model

@@ -12,6 +12,7 @@ import json
 import tempfile
 import time
 
+import torch
 from datasets import Dataset
 from dvclive import Live
 
@@ -40,6 +41,7 @@ def main() -> None:
     space = stage_params("props.space", PropsSpaceParams)
     p = stage_params("props.grpo", PropsGRPOParams)
     seed_everything(p.seed)
+    torch.set_num_threads(p.threads)
     t0 = time.perf_counter()
     task = get_task(p.task)
 

@@ -14,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from llmrl.algos.props_search import build_optimizer_llm, held_out_seeds, props_search
@@ -31,6 +32,7 @@ def main(task_key: str) -> None:
     space = stage_params("props.space", PropsSpaceParams)
     task = get_task(task_key)
     seed_everything(0)
+    torch.set_num_threads(llm_p.threads)
     # The spec stays as written in params (relative to the repository root, where DVC runs the stage), so the
     # reply-cache keys are the same in every clone.
     optimizer = build_optimizer_llm(llm_p, cache_dir=ROOT / "data" / "props" / "replies" / f"search-{task.key}")

@@ -12,6 +12,8 @@ from common import ROOT, log, stage_params  # isort: skip
 import gc
 import time
 
+import torch
+
 from llmrl.agents.linear_policy import ParamEvaluator
 from llmrl.algos.props_search import build_optimizer_llm, held_out_seeds, props_search
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams, PropsTransferParams
@@ -27,6 +29,7 @@ def main() -> None:
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
     tr = stage_params("props.transfer", PropsTransferParams)
+    torch.set_num_threads(llm_p.threads)
     have_adapter = (ADAPTER / "adapter_config.json").is_file()
     if not have_adapter and tr.require_adapter:
         raise SystemExit(f"props_transfer: no adapter at {ADAPTER} (run props_grpo) and require_adapter is true")

@@ -93,6 +93,7 @@ def main() -> None:
     p = stage_params("reinforce_train", ReinforceTrainParams)
     c = p.common
     seed_everything(c.seed)
+    torch.set_num_threads(c.threads)
     train = read_jsonl(ROOT / "data" / "math" / "train.jsonl")
     if len(train) <= c.few_shot:
         raise SystemExit(f"reinforce_train.common.few_shot={c.few_shot} leaves no train problems")

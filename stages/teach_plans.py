@@ -13,6 +13,8 @@ from teach_common import METRICS, MPE_KEY, PLANS, REPLIES, make_planner, task_ki
 
 import time
 
+import torch
+
 from tqdm.auto import tqdm
 
 from llmrl.agents.teacher import observation_texts, oracle_plan, plan_texts
@@ -23,6 +25,7 @@ from llmrl.io import atomic_path, write_json
 
 def main() -> None:
     p = stage_params("teach", TeachParams)
+    torch.set_num_threads(p.teacher.threads)
     keys = list(p.train.envs) if "llm" in p.train.teachers else []
     keys += [MPE_KEY] if "llm" in p.mpe.teachers else []
     with atomic_path(PLANS, is_dir=True) as plans_dir, atomic_path(METRICS / "plans", is_dir=True) as head_dir:

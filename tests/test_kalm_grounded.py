@@ -3,6 +3,8 @@ generation equals re-encoding, imagined rollouts stop by the level's rule and ar
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -209,3 +211,28 @@ def test_grounded_policy_acts_in_the_real_env(tmp_path):
     assert 1 <= rec.length <= 5
     with pytest.raises(NotImplementedError, match="metaworld"):
         agent.policy(kl.goals("metaworld", "easy")[0])
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_episodes_stepped_as_one_batch_act_as_each_alone(discrete):
+    """kalm_eval's grounded row (``grounded_act``): the episodes of a level share one left-padded KV cache and
+    rows leave it as episodes end; every episode's actions equal those of the same episode run alone."""
+    from llmrl.eval.kalm import grounded_act
+
+    model = _model(discrete)
+    rng = np.random.default_rng(5)
+    goals = [SimpleNamespace(instruction=i) for i in ["go", "pick up the blue key please", "open the door"]]
+    T = 4
+    obs = rng.normal(size=(T, 3, D)).astype(np.float32)
+    act = grounded_act(model, goals)
+    batched = {j: [] for j in range(3)}
+    for t in range(T):
+        live = [0, 1, 2] if t < 2 else [0, 2]  # episode 1 ends after two steps
+        out = act(obs[t, live], np.asarray(live), np.asarray(live))
+        for k, j in enumerate(live):
+            batched[j].append(out[k])
+    for j in range(3):
+        alone = grounded_act(model, goals[j:j + 1])
+        steps = len(batched[j])
+        solo = [alone(obs[t, [j]], np.asarray([0]), np.asarray([0]))[0] for t in range(steps)]
+        np.testing.assert_allclose(np.asarray(solo, np.float64), np.asarray(batched[j], np.float64), atol=1e-4)

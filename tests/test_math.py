@@ -290,4 +290,4 @@ def test_solve_scores_the_first_answer_and_counts_only_real_cuts():
     problems = [{"id": "a", "problem": "1 + 1?", "answer": "2"}]
     rec = solve(llm, problems, [], SamplingConfig(max_new_tokens=3, temperature=0), progress=False)[0]
     # the tiny model writes no answer line in 3 tokens: a cut by the cap, scored on nothing
-    assert rec["finish_reason"] == "length" and rec["parsed_answer"] is None and rec["written_after_answer"] == ""
+    assert rec["finish_reason"] == "length" and rec["parsed_answer"] is None

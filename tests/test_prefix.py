@@ -30,6 +30,19 @@ def test_greedy_and_stops_match_transformers_generate():
                [(g.text, g.n_tokens, g.finish_reason) for g in ref]
 
 
+def test_done_ends_replies_early_and_keeps_their_text_whole():
+    llm = load_model("tiny:7")
+    texts = _texts(llm)
+    greedy = SamplingConfig(max_new_tokens=12, temperature=0)
+    full = generate_shared_prefix(llm, texts, greedy, batch_size=5)
+    short = generate_shared_prefix(llm, texts, greedy, batch_size=5, done=lambda t: len(t) >= 6)
+    for f, s in zip(full, short):  # greedy: the same reply, ended at the first token that reaches 6 characters
+        assert f.text.startswith(s.text) and s.n_tokens <= f.n_tokens
+        if len(f.text) > len(s.text):
+            assert len(s.text) >= 6 and s.finish_reason == "stop"
+    assert sum(s.n_tokens for s in short) < sum(f.n_tokens for f in full)
+
+
 def test_sampling_is_seeded():
     llm = load_model("tiny:7")
     texts = _texts(llm)

@@ -39,8 +39,8 @@ class GroundedPolicy:
         if self._state is None:
             self._state, h = self.model.start_episode(self.goal.instruction, o)
         else:
-            self._state, h = self.model.feed(self._state, self._last_action, o)
-        a = self.model.action_from_hidden(h, greedy=greedy, temperature=self.temperature, generator=self._gen)
+            self._state, h = self.model.feed(self._state, np.asarray([self._last_action]), o[None])
+        a = self.model.actions_from_hidden(h, greedy=greedy, temperature=self.temperature, generator=self._gen)[0]
         self._last_action = a
         return int(a) if self.model.spec.discrete else np.asarray(a, np.float32)
 

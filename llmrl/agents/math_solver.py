@@ -40,6 +40,12 @@ def render_state(llm: LLM, messages: list[dict], solution: str) -> str:
     return llm.render([*messages, {"role": "assistant", "content": solution}])
 
 
+def answer_line_complete(text: str) -> bool:
+    """Whether ``text`` holds a whole answer line: what follows it is never read (``through_first_answer``)."""
+    stated = through_first_answer(text)
+    return stated is not None and stated.endswith("\n")
+
+
 def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: SamplingConfig, *,
           batch_size: int = 16, progress: bool = True) -> list[dict]:
     """Whole solutions to ``problems`` (records with id, problem, answer), each with its parsed answer.
@@ -51,7 +57,8 @@ def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: S
     gens = []
     for start in tqdm(range(0, len(prompts), batch_size), desc="solve", disable=not progress, leave=False):
         chunk = SamplingConfig(**{**sampling.as_dict(), "seed": sampling.seed + start})
-        gens += generate_shared_prefix(llm, prompts[start:start + batch_size], chunk, batch_size=batch_size)
+        gens += generate_shared_prefix(llm, prompts[start:start + batch_size], chunk, batch_size=batch_size,
+                                       done=answer_line_complete)
     out = []
     for p, g in zip(problems, gens):
         # The answer is the first one stated, as in training (MathEnv ends an episode at its first answer line).
@@ -63,7 +70,7 @@ def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: S
         out.append({"id": p["id"], "prompt": g.prompt, "response": response, "parsed_answer": parsed,
                     "answer": str(p["answer"]), "correct": answers_match(parsed, str(p["answer"])),
                     "finish_reason": "length" if cut else ("answer" if stated is not None else g.finish_reason),
-                    "n_tokens": g.n_tokens, "written_after_answer": g.text[len(response):]})
+                    "n_tokens": g.n_tokens})
     return out
 
 

@@ -81,6 +81,7 @@ def load_section(params: dict[str, Any], section: str, model: type[T]) -> T:
 class BaseLLMParams(Section):
     spec: str = Field("embedded:smollm2-135m-instruct",
                       description="model spec: embedded:<name>, a local folder, a hub name, or tiny")
+    threads: int = Field(1, gt=0, description="torch CPU threads of the conversion")
 
 
 class DemosParams(Section):

@@ -60,6 +60,8 @@ class CommonTrainParams(Section):
     gen_batch_size: int = Field(24, gt=0, description="prompts generated together")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
     dtype: str | None = Field(None, description="float32/bfloat16; None: bf16 on GPU, fp32 on CPU")
+    threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
+                                              "thread, and `make repro` runs two one-thread stages side by side)")
 
 
 class ReinforceKLParams(Section):
@@ -115,3 +117,5 @@ class MathEvalParams(Section):
     seed: int = Field(1234, ge=0, description="sampling seed")
     models: list[str] = Field(["base", "reinforce_kl", "grpo"], min_length=1,
                               description="base, or a reinforce_train variant")
+    threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
+                                              "thread, and `make repro` runs two one-thread stages side by side)")

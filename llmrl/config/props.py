@@ -58,6 +58,8 @@ class PropsLLMParams(Section):
                                                "endpoints that accept a final assistant message); '' = none")
     temperature: float = Field(0.0, ge=0, description="sampling temperature (0: greedy)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
+                                              "thread, and `make repro` runs two one-thread stages side by side)")
 
     @model_validator(mode="after")
     def _endpoint(self) -> PropsLLMParams:
@@ -164,4 +166,6 @@ class PropsGRPOParams(Section):
                                                         "the improvement reward's scale (original: 300)")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
     dtype: str | None = Field(None, description="float32/bfloat16; None: bf16 on a GPU with bf16, fp32 on CPU")
+    threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
+                                              "thread, and `make repro` runs two one-thread stages side by side)")
     trainer: GRPOTrainParams = Field(default_factory=GRPOTrainParams, description="TRL GRPO and LoRA settings")

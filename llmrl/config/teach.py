@@ -36,6 +36,8 @@ class TeachTeacherParams(Section):
     stop: list[str] = Field(default_factory=lambda: ["\n"], description="stop strings of a reply")
     fallback_plan: str = Field("explore", min_length=1, description="plan used when no reply for a text is valid")
     batch_size: int = Field(10, gt=0, description="replies decoded together from one shared prompt prefill (local)")
+    threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
+                                              "thread, and `make repro` runs two one-thread stages side by side)")
 
 
 class TeachPPOParams(Section):

@@ -320,41 +320,55 @@ class GroundedLM(nn.Module):
         return self.hidden(embeds, mask)[0], None
 
     # ---- acting in a real environment --------------------------------------------------------------------------
+    # Episodes are rows of one batch: prompts left-padded into one KV cache, then (a_t, s_{t+1}) appended to every
+    # row in lockstep; rows of finished episodes leave the cache (``select_rows``). One episode is a batch of one.
     @torch.no_grad()
-    def start_episode(self, instruction: str, obs0) -> tuple:
-        """Encode the prompt and s_0; returns (state, action) for the stepper ``act_next``."""
+    def start_episodes(self, instructions: Sequence[str], obs0) -> tuple:
+        """Encode each episode's prompt and s_0 (``obs0`` [B, d]); returns (state, last hidden [B, H])."""
         self.eval()
         dev = self.llm.device
-        b = {k: v.to(dev) for k, v in collate([self.prompt_sequence(instruction, obs0)],
-                                                 self.llm.tokenizer.pad_token_id).items()}
+        seqs = [self.prompt_sequence(i, o) for i, o in zip(instructions, obs0, strict=True)]
+        b = {k: v.to(dev) for k, v in collate(seqs, self.llm.tokenizer.pad_token_id, left=True).items()}
         past = _new_cache()
         h, past = self.hidden(self.embed(b["ids"], b["kind"], b["obs"], b["act"]), b["mask"], past=past)
         return (past, b["mask"]), h[:, -1]
 
+    def start_episode(self, instruction: str, obs0) -> tuple:
+        return self.start_episodes([instruction], np.asarray(obs0, np.float32)[None])
+
     @torch.no_grad()
-    def feed(self, state: tuple, action, obs) -> tuple:
-        """Append a_t (taken in the real env) and the real s_{t+1}; returns the new state and last hidden."""
+    def feed(self, state: tuple, actions, obs) -> tuple:
+        """Append a_t (taken in the real env; [B] discrete, [B, A] continuous) and the real s_{t+1} ([B, d]) to
+        every row; returns the new state and the last hidden [B, H]."""
         past, mask = state
         dev = self.llm.device
-        a = torch.as_tensor(np.asarray(action), device=dev)
-        a = a.long().reshape(1, 1) if self.spec.discrete else a.float().reshape(1, 1, -1)
-        dummy_act = torch.zeros((1, 2), dtype=torch.long, device=dev) if self.spec.discrete else \
-            torch.zeros((1, 2, self.spec.action_dim), device=dev)
-        obs_t = torch.zeros((1, 2, self.spec.obs_dim), device=dev)
-        obs_t[0, 1] = torch.as_tensor(np.asarray(obs, np.float32), device=dev)
-        acts = dummy_act.clone()
-        acts[:, 0] = a[:, 0]
+        B = mask.shape[0]
+        a = torch.as_tensor(np.asarray(actions), device=dev)
+        acts = torch.zeros((B, 2), dtype=torch.long, device=dev) if self.spec.discrete else \
+            torch.zeros((B, 2, self.spec.action_dim), device=dev)
+        acts[:, 0] = a.long().reshape(B) if self.spec.discrete else a.float().reshape(B, -1)
+        obs_t = torch.zeros((B, 2, self.spec.obs_dim), device=dev)
+        obs_t[:, 1] = torch.as_tensor(np.asarray(obs, np.float32), device=dev).reshape(B, -1)
         ids = torch.tensor([[self.builder.placeholder_ids["action"], self.builder.placeholder_ids["state"]]],
-                           device=dev)
-        kind = torch.tensor([[ACTION, STATE]], device=dev)
-        mask = torch.cat([mask, mask.new_ones((1, 2))], 1)
+                           device=dev).expand(B, 2)
+        kind = torch.tensor([[ACTION, STATE]], device=dev).expand(B, 2)
+        mask = torch.cat([mask, mask.new_ones((B, 2))], 1)
         h, past = self.hidden(self.embed(ids, kind, obs_t, acts), mask, past=past)
         return (past, mask), h[:, -1]
 
-    def action_from_hidden(self, h: torch.Tensor, *, greedy: bool = True, temperature: float = 1.0,
-                           generator=None) -> np.ndarray:
+    @staticmethod
+    def select_rows(state: tuple, rows: Sequence[int]) -> tuple:
+        """The state of the episodes ``rows`` only (the others have ended)."""
+        past, mask = state
+        idx = torch.as_tensor(list(rows), dtype=torch.long, device=mask.device)
+        past.batch_select_indices(idx)
+        return past, mask[idx]
+
+    def actions_from_hidden(self, h: torch.Tensor, *, greedy: bool = True, temperature: float = 1.0,
+                            generator=None) -> np.ndarray:
+        """One action per row of ``h`` ([B] discrete, [B, A] continuous)."""
         with torch.no_grad():
-            return self._action_out(h, greedy, temperature, generator).cpu().numpy()[0]
+            return self._action_out(h, greedy, temperature, generator).cpu().numpy()
 
     # ---- persistence -----------------------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> None:

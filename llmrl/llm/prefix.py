@@ -13,7 +13,7 @@ Padding is masked out and position ids count real tokens only, so results equal 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -105,12 +105,14 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def generate_shared_prefix(llm: LLM, texts: Sequence[str], sampling: SamplingConfig, *,
-                           batch_size: int = 32) -> list[Generation]:
+                           batch_size: int = 32, done: Callable[[str], bool] | None = None) -> list[Generation]:
     """Replies to rendered ``texts`` (chat template already applied), computing their common prefix once.
 
     Same semantics as ``llmrl.llm.generate``: temperature 0 is greedy, otherwise temperature and top-p
     (top-k if set) sampling from a generator seeded with ``sampling.seed + batch start``; a reply ends at an
-    end-of-sequence token or a stop string (cut before it) or after ``max_new_tokens``.
+    end-of-sequence token or a stop string (cut before it) or after ``max_new_tokens``. ``done(text)`` ends a
+    reply too, keeping its text whole (finish reason "stop"): a caller that reads only part of a reply (the
+    first answer line) need not pay for the tokens after it.
     """
     tok, model, dev = llm.tokenizer, llm.model, llm.device
     eos_ids = {tok.eos_token_id}
@@ -160,10 +162,11 @@ def generate_shared_prefix(llm: LLM, texts: Sequence[str], sampling: SamplingCon
                         ended[row] = True
                         continue
                     tokens[row].append(t)
-                    if sampling.stop and truncate_at_stop(tok.decode(tokens[row], skip_special_tokens=True),
-                                                          sampling.stop)[1]:
-                        ended[row] = True
-                        continue
+                    if sampling.stop or done is not None:
+                        text = tok.decode(tokens[row], skip_special_tokens=True)
+                        if (sampling.stop and truncate_at_stop(text, sampling.stop)[1]) or (done and done(text)):
+                            ended[row] = True
+                            continue
                     keep.append(j)
                 if not keep or step == sampling.max_new_tokens - 1:
                     break

@@ -1,0 +1,361 @@
+"""What the results page shows, read from a results tree: the ``metrics/`` and ``plots/`` folders under one root.
+
+Numbers pass through as the metrics files hold them: a cell is the file's value, its interval the file's
+``[<key>_lo, <key>_hi]``, seeds and episodes the file's counts. Nothing is re-aggregated here; curves are the
+logged points, one line per training seed (ProPS's curves are the seed means ``props_eval`` wrote).
+
+A section that is collected needs every file its stages write: a missing one raises ``MissingResultError``
+naming it. A section left out (switched off) is not read at all and shows as "not run".
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmrl.config.report import REPORT_SECTIONS
+
+MODES = ("greedy", "sampled")
+NOT_CONVERGED = "not converged"
+# why, once per table that flags a row: the metrics file says beats_random: false
+NOT_CONVERGED_MEANING = "not converged: its seed-level interval does not clear random's figure"
+
+
+class MissingResultError(FileNotFoundError):
+    """A file or folder the pipeline should have produced is missing; the message names it."""
+
+
+@dataclass
+class Table:
+    id: str
+    caption: str
+    source: str  # the file or folder the rows come from, relative to the results root
+    columns: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Series:
+    label: str  # legend entry; series with one label (the seeds of one agent) share a colour
+    x: list[float]
+    y: list[float]
+
+
+@dataclass
+class CurvePlot:
+    id: str
+    title: str
+    source: str
+    xlabel: str
+    ylabel: str
+    series: list[Series]
+
+
+@dataclass
+class Video:
+    caption: str
+    file: Path  # the MP4 under plots/
+    name: str  # its file name in the page's videos/ folder
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    summary: str
+    ran: bool = True
+    tables: list[Table] = field(default_factory=list)
+    plots: list[CurvePlot] = field(default_factory=list)
+    videos: list[Video] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    sections: list[Section]
+
+
+TITLES = {
+    "baselines": "BabyAI baselines",
+    "glam": "GLAM",
+    "math": "LLM_RL (REINFORCE-KL vs GRPO)",
+    "teach": "LLM4Teach",
+    "kalm": "KALM",
+    "props": "ProPS",
+}
+SUMMARIES = {
+    "baselines": "The BabyAI bot and a uniform random policy on the BabyAI levels (stage eval_baselines).",
+    "glam": "An LLM scoring action strings, fine-tuned by PPO in BabyAI-Text, beside the bot, random, zero-shot, "
+            "behaviour-cloned and symbolic PPO agents on the same test levels; the generalisation matrix replays "
+            "the trained agents under changed wording.",
+    "math": "Stepwise REINFORCE with KL and TRL's GRPO at the same sample budget, and the base model, answering "
+            "the same test problems (success = correct final answer).",
+    "teach": "A teacher (the LLM's plans, or an oracle) distilled into a PPO student; teachers, students, pure "
+             "PPO/MAPPO and random on the same test levels or episodes.",
+    "kalm": "Offline RL on real data against real + imagined rollouts of the grounded LLM, per level of goal "
+            "novelty; then how the imagined rollouts fare when replayed in the simulator.",
+    "props": "The LLM proposes linear-policy parameters in context (ProPS; ProPS+ also reads the environment's "
+             "description), beside random search, CEM and PPO; held-out return of each run's final policy.",
+}
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def _need(root: Path, rel: str) -> Path:
+    path = root / rel
+    if not path.exists():
+        raise MissingResultError(f"{rel}: missing; the pipeline should have produced it (run or pull its stage)")
+    return path
+
+
+def _json(root: Path, rel: str):
+    return json.loads(_need(root, rel).read_text())
+
+
+def _entries(root: Path, rel: str, pattern: str = "*.json") -> list[Path]:
+    """The files or folders matching ``pattern`` in ``rel``, sorted; none at all is a missing result."""
+    found = sorted(_need(root, rel).glob(pattern))
+    if not found:
+        raise MissingResultError(f"{rel}/{pattern}: nothing there; the pipeline should have produced it")
+    return found
+
+
+def _tsv_series(root: Path, rel: str, label: str) -> Series:
+    """A dvclive curve (``step<TAB>value`` rows)."""
+    with _need(root, rel).open(newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))[1:]
+    return Series(label, [float(r[0]) for r in rows], [float(r[1]) for r in rows])
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+def _num(value) -> str:
+    return "—" if value is None else str(value)
+
+
+def _interval(entry: dict, key: str) -> str:
+    return f"[{entry[key + '_lo']}, {entry[key + '_hi']}]"
+
+
+def headline_table(table_id: str, caption: str, source: str, agents: Sequence[tuple[str, dict]], *,
+                   extra: Sequence[tuple[str, str]] = (), role: Callable[[str], str] | None = None) -> Table:
+    """One row per agent and mode of ``llmrl.eval.headline`` entries.
+
+    ``extra``: (column, key) figures read from the mode's entry, else from the agent's (per-mode answer
+    tokens, per-agent parse-failure rates). Success or return columns appear when some row has them; a note
+    column when some agent's file flags ``beats_random: false``.
+    """
+    rows = []
+    for name, entry in agents:
+        for mode in MODES:
+            if mode not in entry:
+                continue
+            h = entry[mode]
+            row = {"agent": name, "mode": mode}
+            if role:
+                row["role"] = role(name)
+            for key in ("success", "return"):
+                if key in h:
+                    row[key], row[f"{key} interval"] = _num(h[key]), _interval(h, key)
+            row["seeds"], row["episodes"] = _num(h["seeds"]), _num(h["episodes"])
+            for column, key in extra:
+                row[column] = _num(h.get(key, entry.get(key)))
+            if entry.get("beats_random") is False:
+                row["note"] = NOT_CONVERGED
+            rows.append(row)
+    order = ["agent", *(["role"] if role else []), "mode", "success", "success interval", "return",
+             "return interval", "seeds", "episodes", *(c for c, _ in extra), "note"]
+    columns = [c for c in order if any(c in r for r in rows)]
+    if "note" in columns:
+        caption = f"{caption} ({NOT_CONVERGED_MEANING})"
+    return Table(table_id, caption, source, columns, [[r.get(c, "") for c in columns] for r in rows])
+
+
+def _agents(root: Path, rel: str) -> list[tuple[str, dict]]:
+    return [(p.stem, json.loads(p.read_text())) for p in _entries(root, rel)]
+
+
+def _env_tables(root: Path, rel: str, prefix: str, caption: str, **kw) -> list[Table]:
+    """One headline table per sub-folder (an environment or task) of ``rel``."""
+    return [headline_table(f"{prefix}-{d.name}", caption.format(d.name), f"{rel}/{d.name}/",
+                           _agents(root, f"{rel}/{d.name}"), **kw)
+            for d in _entries(root, rel, "*/")]
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def baselines_section(root: Path) -> Section:
+    s = Section("baselines", TITLES["baselines"], SUMMARIES["baselines"])
+    s.tables = _env_tables(root, "metrics/baselines/eval", "baselines", "{}")
+    return s
+
+
+def glam_section(root: Path) -> Section:
+    s = Section("glam", TITLES["glam"], SUMMARIES["glam"])
+    s.tables = _env_tables(root, "metrics/glam/eval", "glam-eval", "{}: every agent on the test levels")
+    rel = "metrics/glam/generalisation"
+    tests = sorted((d.name for d in _entries(root, rel, "*/")), key=lambda t: (t != "none", t))
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for test in tests:
+        for agent, entry in _agents(root, f"{rel}/{test}"):
+            for mode in MODES:
+                if mode in entry:
+                    cells.setdefault((agent, mode), {})[test] = entry[mode]
+    rows = []
+    for (agent, mode), by_test in sorted(cells.items()):
+        counts = [(h["seeds"], h["episodes"]) for h in by_test.values()]
+        rows.append([agent, mode, *(f"{_num(by_test[t]['success'])} {_interval(by_test[t], 'success')}"
+                                    if t in by_test else "—" for t in tests),
+                     " / ".join(dict.fromkeys(str(c[0]) for c in counts)),
+                     " / ".join(dict.fromkeys(str(c[1]) for c in counts))])
+    s.tables.append(Table("glam-generalisation", "Generalisation matrix: success [interval] per test (none = the "
+                          "unchanged wording)", f"{rel}/", ["agent", "mode", *tests, "seeds", "episodes per test"],
+                          rows))
+    rel = "plots/glam_train"
+    s.plots.append(CurvePlot(
+        "glam-train", "GLAM training: success rate of the rollout episodes", f"{rel}/", "update", "success rate",
+        [_tsv_series(root, f"{rel}/{d.name}/plots/metrics/success_rate.tsv", d.name.rsplit("-", 1)[0])
+         for d in _entries(root, rel, "*/")]))
+    return s
+
+
+def math_section(root: Path) -> Section:
+    s = Section("math", TITLES["math"], SUMMARIES["math"])
+    rel = "metrics/math/eval"
+    agents = _agents(root, rel)
+    s.tables.append(headline_table("math-eval", "Test problems: success = correct final answer", f"{rel}/", agents,
+                                   extra=[("answer tokens", "tokens"), ("truncated", "truncated"),
+                                          ("parse failure", "parse_failure")]))
+    # "base" is the untrained model math_eval scores for reference; every other model has a training curve
+    trained = [name for name, _ in agents if name != "base"]
+    s.plots.append(CurvePlot(
+        "math-train", "Training: mean reward of the sampled answers at each trainer's logged step (REINFORCE-KL: "
+        "iteration, GRPO: optimizer step)", "plots/math/", "logged step", "average reward",
+        [_tsv_series(root, f"plots/math/train_{m}/plots/metrics/train/average_reward.tsv", m) for m in trained]))
+    return s
+
+
+def _teach_role(agent: str) -> str:
+    return "teacher" if agent.startswith("teacher_") else "student" if agent.startswith("student_") else "baseline"
+
+
+def teach_section(root: Path) -> Section:
+    s = Section("teach", TITLES["teach"], SUMMARIES["teach"])
+    rel = "metrics/teach/eval"
+    order = {"teacher": 0, "student": 1, "baseline": 2}
+    envs = [d.name for d in _entries(root, rel, "*/")]
+    for env in envs:
+        agents = sorted(_agents(root, f"{rel}/{env}"), key=lambda a: (order[_teach_role(a[0])], a[0]))
+        s.tables.append(headline_table(f"teach-{env}", f"{env}: teachers and the students they taught",
+                                       f"{rel}/{env}/", agents, extra=[("AULC", "aulc")], role=_teach_role))
+    report = _json(root, "metrics/teach/report.json")
+    rows = []
+    for f in _entries(root, "metrics/teach/result"):
+        claim = report[f.stem]["result"]
+        for key, met in sorted(json.loads(f.read_text()).items()):
+            rows.append([f.stem, f"student_{key.removeprefix('met_')}", claim["mode"], claim["statistic"],
+                         _num(claim["target"]), _num(claim["ppo_ceiling"]), "met" if met else "not met"])
+    s.tables.append(Table("teach-result", "Result check: the student reaches the target success while PPO stays "
+                          "below the ceiling", "metrics/teach/result/",
+                          ["env", "student", "mode", "statistic", "target", "PPO ceiling", "result"], rows))
+    rel = "plots/teach/train"
+    for env in envs:
+        items = _entries(root, rel, f"{env}-*/")
+        # success where the task has it (DoorKey), the episode return where it has none (MPE)
+        first_seed = _entries(root, f"{rel}/{items[0].name}", "seed-*/")[0]
+        metric = "success" if (first_seed / "plots/metrics/train/success.tsv").exists() else "return"
+        s.plots.append(CurvePlot(
+            f"teach-train-{env}", f"{env}: training episodes' {metric} per teacher (one line per seed)",
+            f"{rel}/{env}-*/", "environment steps", metric,
+            [_tsv_series(root, f"{rel}/{item.name}/{seed.name}/plots/metrics/train/{metric}.tsv",
+                         item.name.removeprefix(f"{env}-"))
+             for item in items for seed in _entries(root, f"{rel}/{item.name}", "seed-*/")]))
+    return s
+
+
+def _kalm_policy(row: str) -> tuple[str, str]:
+    for suffix, data in (("-real", "real"), ("-imagine", "real + imagined")):
+        if row.endswith(suffix):
+            return row.removesuffix(suffix), data
+    return row, "—"
+
+
+def kalm_section(root: Path) -> Section:
+    s = Section("kalm", TITLES["kalm"], SUMMARIES["kalm"])
+    rel = "metrics/kalm/eval/table.json"
+    table = _json(root, rel)
+    means = _json(root, "metrics/kalm.json")["success_mean_over_levels"]
+    levels = table["levels"]
+    benchmarks = list(dict.fromkeys(r["benchmark"] for r in table["rows"]))
+    for bench in benchmarks:
+        by_row: dict[str, dict[str, dict]] = {}
+        for r in table["rows"]:
+            if r["benchmark"] == bench:
+                by_row.setdefault(r["row"], {})[r["level"]] = r
+        rows = []
+        for name, cells in by_row.items():
+            policy, data = _kalm_policy(name)
+            rows.append([policy, data,
+                         *(f"{cells[lv]['value']} [{cells[lv]['ci_low']}, {cells[lv]['ci_high']}]" if lv in cells
+                           else "—" for lv in levels),
+                         _num(means[bench].get(name)),
+                         " / ".join(dict.fromkeys(str(c["n_seeds"]) for c in cells.values())),
+                         " / ".join(dict.fromkeys(str(c["episodes"]) for c in cells.values()))])
+        s.tables.append(Table(f"kalm-{bench}", f"{bench}: success [interval] per goal level, real vs imagined data",
+                              rel, ["policy", "data", *levels, "mean over levels", "seeds", "episodes per level"],
+                              rows))
+    rows = []
+    for bench in benchmarks:
+        for lv in levels:
+            q = _json(root, f"metrics/kalm/imagine_{bench}_{lv}.json")
+            rows.append([bench, lv, *(_num(q[k]) for k in ("goals", "rollouts", "mean_length", "imagined_success",
+                                                           "true_success", "true_success_given_imagined",
+                                                           "first_step_mae", "step_mae", "step_l2"))])
+    s.tables.append(Table("kalm-imagination", "Imagined rollouts replayed in the simulator: does the imagined "
+                          "outcome hold, how far are the imagined states", "metrics/kalm/imagine_*.json",
+                          ["benchmark", "level", "goals", "rollouts", "mean length", "imagined success",
+                           "true success", "true success | imagined success", "first-step MAE", "step MAE",
+                           "step L2"], rows))
+    rel = "plots/kalm/ground"
+    s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss", f"{rel}/", "update",
+                             "loss", [_tsv_series(root, f"{rel}/{b}/plots/metrics/loss.tsv", b) for b in benchmarks]))
+    return s
+
+
+def props_section(root: Path, *, videos: bool) -> Section:
+    s = Section("props", TITLES["props"], SUMMARIES["props"])
+    rel = "metrics/props/eval"
+    tasks = [d.name for d in _entries(root, rel, "*/") if d.name != "transfer"]
+    extra = [("search episodes", "train_episodes"), ("parse failure", "parse_failure")]
+    for task in tasks:
+        agents = _agents(root, f"{rel}/{task}")
+        s.tables.append(headline_table(f"props-{task}", f"{task}: held-out return of the final policies",
+                                       f"{rel}/{task}/", agents, extra=extra))
+        curves = f"plots/props/curves/{task}"
+        series = []
+        for method, _ in agents:
+            points = _json(root, f"{curves}/{method}/plots/custom/best_return.json")
+            series.append(Series(method, [p["episodes"] for p in points], [p["best_return"] for p in points]))
+        s.plots.append(CurvePlot(f"props-curve-{task}", f"{task}: best return found against episodes used (mean "
+                                 "over seeds)", f"{curves}/", "episodes", "best return", series))
+        if videos:
+            rel_video = f"plots/props/videos/{task}.mp4"
+            s.videos.append(Video(f"{task}: the best LLM-found policy's held-out episode", _need(root, rel_video),
+                                  f"{task}.mp4"))
+    transfer = f"{rel}/transfer"
+    s.tables.append(headline_table(
+        "props-transfer", "The GRPO-tuned optimizer against the base model, per task", f"{transfer}/",
+        [(f"{d.name}: {p.stem}", json.loads(p.read_text())) for d in _entries(root, transfer, "*/")
+         for p in _entries(root, f"{transfer}/{d.name}")], extra=extra))
+    if not videos:
+        s.notes.append("Videos not recorded: switched off in params.")
+    return s
+
+
+def collect_report(root: Path, methods: Sequence[str], *, props_videos: bool) -> Report:
+    """Every section in page order; those not in ``methods`` are marked not run and not read."""
+    collectors: dict[str, Callable[[Path], Section]] = {
+        "baselines": baselines_section, "glam": glam_section, "math": math_section, "teach": teach_section,
+        "kalm": kalm_section, "props": lambda r: props_section(r, videos=props_videos)}
+    return Report([collectors[key](Path(root)) if key in methods
+                   else Section(key, TITLES[key], SUMMARIES[key], ran=False) for key in REPORT_SECTIONS])

@@ -1,0 +1,294 @@
+"""The results page (issue 13, item 3): tables as the metrics hold them, missing files named, switched-off
+methods shown as not run, and the page in headless Chromium (no console error, every method's table visible,
+a screenshot kept in .cache/test-artifacts/report.png).
+
+The fixture is a small results tree in the real files' shapes (llmrl.eval.headline entries, KALM's table.json,
+dvclive .tsv curves, ProPS's best_return.json and an MP4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmrl.config import ParamsError, load_section
+from llmrl.config.report import REPORT_SECTIONS, ReportParams
+from llmrl.report import MissingResultError, collect_report, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACT = ROOT / ".cache" / "test-artifacts" / "report.png"
+ENV = "AMD EPYC | AVX2 | 1 thread | torch 2.13.0+cpu numpy 2.4.6"
+
+
+def _mode(success=None, ret=None, *, seeds=1, episodes=100) -> dict:
+    """One mode of a headline entry; (value, lo, hi) triples as llmrl.eval.headline writes them."""
+    out = {}
+    for key, triple in (("success", success), ("return", ret)):
+        if triple is not None:
+            out.update({key: triple[0], f"{key}_lo": triple[1], f"{key}_hi": triple[2]})
+    return {**out, "seeds": seeds, "episodes": episodes}
+
+
+def _write(root: Path, rel: str, obj) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) if not isinstance(obj, str) else obj)
+
+
+def _tsv(name: str, points: list[tuple[int, float]]) -> str:
+    return f"step\t{name}\n" + "".join(f"{s}\t{v}\n" for s, v in points)
+
+
+def _video(path: Path) -> None:
+    import imageio
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames = [np.full((32, 48, 3), 40 * i, np.uint8) for i in range(6)]
+    imageio.mimwrite(path, frames, fps=30, codec="libx264", macro_block_size=8)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("results")
+    m = "metrics"
+    # BabyAI baselines
+    _write(root, f"{m}/baselines/eval/BabyAI-GoToLocal-v0/bot.json",
+           {"env": ENV, "greedy": _mode((1.0, 0.9812, 1.0), (0.9205, 0.9143, 0.9268), episodes=200)})
+    _write(root, f"{m}/baselines/eval/BabyAI-GoToLocal-v0/random.json",
+           {"env": ENV, "sampled": _mode((0.295, 0.23, 0.3616), (0.1784, 0.1369, 0.2206), episodes=200)})
+    # GLAM
+    glam = f"{m}/glam/eval/BabyAI-Text-GoToObjS4-v0"
+    _write(root, f"{glam}/symbolic_ppo.json", {"env": ENV, "greedy": _mode((1.0, 0.9924, 1.0), (0.8616, 0.8591, 0.8641),
+                                                                           seeds=5, episodes=500)})
+    _write(root, f"{glam}/glam_lora.json", {"env": ENV, "greedy": _mode((0.0, 0.0, 0.037), (0.0, 0.0, 0.0)),
+                                            "sampled": _mode((0.02, 0.0, 0.07), (0.0043, 0.0, 0.0106))})
+    for test, success in (("none", (0.11, 0.05, 0.19)), ("french", (0.03, 0.0, 0.0851))):
+        _write(root, f"{m}/glam/generalisation/{test}/glam_lora.json",
+               {"env": ENV, "greedy": _mode(success, (0.05, 0.02, 0.08))})
+    _write(root, "plots/glam_train/lora-0/plots/metrics/success_rate.tsv", _tsv("success_rate", [(1, 0.0), (2, 0.25)]))
+    # LLM_RL
+    for model, g, tokens in (("base", (0.21, 0.14, 0.2998), 32.7), ("reinforce_kl", (0.18, 0.11, 0.2667), 69.3),
+                             ("grpo", (0.31, 0.2278, 0.4063), 35.6)):
+        _write(root, f"{m}/math/eval/{model}.json",
+               {"env": ENV, "max_new_tokens": 96,
+                "greedy": {**_mode(g), "parse_failure": 0.0, "tokens": tokens, "truncated": 0.01}})
+    for variant in ("reinforce_kl", "grpo"):
+        _write(root, f"plots/math/train_{variant}/plots/metrics/train/average_reward.tsv",
+               _tsv("average_reward", [(0, 0.0), (1, 0.125), (2, 0.25)]))
+    # LLM4Teach
+    door = f"{m}/teach/eval/simpledoorkey"
+    _write(root, f"{door}/teacher_oracle.json",
+           {"env": ENV, "greedy": _mode((1.0, 0.963, 1.0), (0.8816, 0.8684, 0.8942))})
+    _write(root, f"{door}/student_oracle.json",
+           {"env": ENV, "aulc": 0.175, "beats_random": True,
+            "greedy": _mode((0.306, 0.138, 0.476), (0.2683, 0.1236, 0.4114), seeds=5, episodes=500)})
+    _write(root, f"{door}/ppo.json", {"env": ENV, "aulc": 0.0, "beats_random": False,
+                                      "greedy": _mode((0.0, 0.0, 0.0076), (0.0, 0.0, 0.0), seeds=5, episodes=500)})
+    _write(root, f"{door}/random.json", {"env": ENV, "sampled": _mode((0.01, 0.0, 0.0545), (0.006, 0.0, 0.0179))})
+    mpe = f"{m}/teach/eval/mpe"
+    _write(root, f"{mpe}/student_llm.json", {"env": ENV, "beats_random": True,
+                                             "greedy": _mode(ret=(-21.2861, -21.9423, -20.5623), seeds=5,
+                                                             episodes=500)})
+    _write(root, f"{mpe}/mappo.json", {"env": ENV, "beats_random": False,
+                                       "greedy": _mode(ret=(-29.7, -31.5253, -28.0477), seeds=5, episodes=500)})
+    _write(root, f"{mpe}/random.json", {"env": ENV, "sampled": _mode(ret=(-27.0866, -28.4351, -25.6288))})
+    _write(root, f"{m}/teach/result/simpledoorkey.json", {"met_oracle": False})
+    _write(root, f"{m}/teach/report.json", {"simpledoorkey": {"result": {
+        "met_oracle": False, "mode": "greedy", "ppo_ceiling": 0.5, "statistic": "mean over seeds of per-seed success",
+        "target": 0.9}}})
+    for item, name in (("simpledoorkey-oracle", "success"), ("simpledoorkey-none", "success"), ("mpe-llm", "return"),
+                       ("mpe-none", "return")):
+        for seed in (0, 1):
+            _write(root, f"plots/teach/train/{item}/seed-{seed}/plots/metrics/train/{name}.tsv",
+                   _tsv(name, [(512, 0.1 * seed), (1024, 0.2 + 0.1 * seed)]))
+    # KALM
+    levels = ["rephrase", "easy"]
+    rows = []
+    for row, values in (("babyai-dbc-real", (0.4111, 0.3333)), ("babyai-dbc-imagine", (0.3111, 0.2222)),
+                        ("random", (0.2667, 0.2667))):
+        for level, value in zip(levels, values):
+            rows.append({"benchmark": "babyai", "row": row, "level": level, "value": value,
+                         "ci_low": round(value - 0.1, 4), "ci_high": round(value + 0.1, 4), "episodes": 90,
+                         "n_seeds": 3, "per_seed": [value] * 3})
+    _write(root, f"{m}/kalm/eval/table.json", {"budget": {"seconds": 1.0}, "grounded_llm": False, "levels": levels,
+                                               "rows": rows})
+    _write(root, f"{m}/kalm.json", {"env": ENV, "eval_seconds": 1.0, "success_mean_over_levels": {"babyai": {
+        "babyai-dbc-imagine": 0.2667, "babyai-dbc-real": 0.3722, "random": 0.2667}}})
+    for level, true_success in zip(levels, (0.06, 0.08)):
+        _write(root, f"{m}/kalm/imagine_babyai_{level}.json",
+               {"env": ENV, "first_step_mae": 0.86672, "goals": 52, "imagine_seconds": 15.6, "imagined_steps": 1200,
+                "imagined_success": 0.0, "load_seconds": 1.1, "mean_length": 24.0, "replay_seconds": 0.3,
+                "rollouts": 50, "step_l2": 17.01009, "step_mae": 0.85398, "transitions_per_s": 77.1,
+                "true_success": true_success, "true_success_given_imagined": None})
+    _write(root, "plots/kalm/ground/babyai/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
+    # ProPS
+    for method, ret, extra in (("props", (43.2833, 28.1833, 68.1187), {"parse_failure": 0.75}),
+                               ("cem", (200.0, 200.0, 200.0), {})):
+        _write(root, f"{m}/props/eval/cartpole/{method}.json",
+               {"env": ENV, "greedy": _mode(ret=ret, seeds=3, episodes=60), "train_episodes": 40, **extra})
+        _write(root, f"plots/props/curves/cartpole/{method}/plots/custom/best_return.json",
+               [{"episodes": 10, "best_return": 32.3}, {"episodes": 20, "best_return": ret[0]}])
+    for opt in ("base", "tuned"):
+        _write(root, f"{m}/props/eval/transfer/cartpole/{opt}.json",
+               {"env": ENV, "greedy": _mode(ret=(45.3833, 15.6167, 97.9621), seeds=3, episodes=60),
+                "parse_failure": 0.8, "train_episodes": 20})
+    _video(root / "plots/props/videos/cartpole.mp4")
+    return root
+
+
+def _render(root: Path, out: Path, methods=REPORT_SECTIONS, videos: bool = True) -> tuple[str, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(collect_report(root, methods, props_videos=videos), out)
+    return (out / "index.html").read_text(), (out / "summary.md").read_text()
+
+
+def _md_row(md: str, *cells: str) -> str:
+    """The Markdown table line holding all of ``cells``."""
+    lines = [line for line in md.splitlines() if line.startswith("|") and all(f"| {c} |" in line for c in cells)]
+    assert len(lines) == 1, f"{cells}: {lines}"
+    return lines[0]
+
+
+TABLE_IDS = ["baselines-BabyAI-GoToLocal-v0", "glam-eval-BabyAI-Text-GoToObjS4-v0", "glam-generalisation",
+             "math-eval", "teach-mpe", "teach-simpledoorkey", "teach-result", "kalm-babyai", "kalm-imagination",
+             "props-cartpole", "props-transfer"]
+
+
+def test_every_method_table_with_the_numbers_the_metrics_hold(results, tmp_path):
+    html, md = _render(results, tmp_path / "out")
+    for table in TABLE_IDS:
+        assert f'id="table-{table}"' in html
+    for key in REPORT_SECTIONS:
+        assert f'<section id="{key}"' in html
+    assert "not run" not in html.lower() and "not run" not in md.lower()
+    # value, interval, seeds and episodes as written, in both outputs
+    _md_row(md, "bot", "greedy", "1.0", "[0.9812, 1.0]", "0.9205", "[0.9143, 0.9268]", "1", "200")
+    _md_row(md, "symbolic_ppo", "greedy", "1.0", "[0.9924, 1.0]", "5", "500")
+    _md_row(md, "glam_lora", "greedy", "0.11 [0.05, 0.19]", "0.03 [0.0, 0.0851]")  # generalisation matrix
+    _md_row(md, "reinforce_kl", "greedy", "0.18", "[0.11, 0.2667]", "69.3", "0.01")
+    _md_row(md, "student_oracle", "student", "greedy", "0.306", "[0.138, 0.476]", "0.175")
+    _md_row(md, "simpledoorkey", "student_oracle", "greedy", "0.9", "0.5", "not met")
+    _md_row(md, "babyai-dbc", "real", "0.4111 [0.3111, 0.5111]", "0.3722", "3", "90")
+    _md_row(md, "babyai-dbc", "real + imagined", "0.3111 [0.2111, 0.4111]", "0.2667")
+    _md_row(md, "babyai", "easy", "52", "50", "0.08", "—", "0.86672")
+    _md_row(md, "props", "greedy", "43.2833", "[28.1833, 68.1187]", "3", "60", "40", "0.75")
+    _md_row(md, "cartpole: tuned", "greedy", "45.3833", "[15.6167, 97.9621]")
+    for text in ("[0.9812, 1.0]", "0.4111 [0.3111, 0.5111]", "[-31.5253, -28.0477]", "43.2833"):
+        assert text in html
+    # baselines whose metrics say beats_random: false are marked beside their number; the others are not
+    assert _md_row(md, "mappo", "-29.7").endswith("| not converged |")
+    assert _md_row(md, "ppo", "baseline", "greedy").endswith("| not converged |")
+    assert "not converged" not in _md_row(md, "student_llm", "-21.2861")
+    assert html.count('class="flag">not converged<') == 2
+    # curves inline, the video copied beside the page and linked relatively
+    assert html.count("<svg") == 6
+    assert 'src="videos/cartpole.mp4"' in html and (tmp_path / "out/videos/cartpole.mp4").is_file()
+    assert "(videos/cartpole.mp4)" in md
+
+
+def test_same_results_give_the_same_bytes(results, tmp_path):
+    assert _render(results, tmp_path / "a") == _render(results, tmp_path / "b")
+
+
+@pytest.mark.parametrize("rel", ["metrics/kalm/eval/table.json", "metrics/kalm/imagine_babyai_easy.json",
+                                 "plots/props/videos/cartpole.mp4", "metrics/teach/report.json",
+                                 "plots/math/train_grpo/plots/metrics/train/average_reward.tsv"])
+def test_a_missing_result_of_a_listed_method_is_an_error_naming_it(results, tmp_path, rel):
+    root = tmp_path / "results"
+    shutil.copytree(results, root)
+    (root / rel).unlink()
+    with pytest.raises(MissingResultError, match=rel.replace(".", r"\.")):
+        collect_report(root, REPORT_SECTIONS, props_videos=True)
+
+
+def test_an_empty_results_folder_is_an_error_naming_it(results, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(results, root)
+    for f in (root / "metrics/glam/generalisation/french").iterdir():
+        f.unlink()
+    with pytest.raises(MissingResultError, match="metrics/glam/generalisation/french"):
+        collect_report(root, REPORT_SECTIONS, props_videos=True)
+
+
+def test_a_switched_off_method_shows_not_run(results, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(results, root)
+    shutil.rmtree(root / "metrics/kalm")
+    (root / "metrics/kalm.json").unlink()
+    methods = [k for k in REPORT_SECTIONS if k != "kalm"]
+    html, md = _render(root, tmp_path / "out", methods)
+    assert 'id="table-kalm-babyai"' not in html and 'id="table-glam-generalisation"' in html
+    assert "Not run: switched off in params" in html and "## KALM\n\nNot run: switched off in params" in md
+    assert html.count("Not run") == 1
+
+
+def test_videos_switched_off_are_not_required(results, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(results, root)
+    (root / "plots/props/videos/cartpole.mp4").unlink()
+    html, md = _render(root, tmp_path / "out", videos=False)
+    assert "<video" not in html and "Videos not recorded: switched off in params." in md
+    assert not (tmp_path / "out/videos").exists()
+
+
+def test_report_params():
+    assert load_section({"report": {}}, "report", ReportParams).methods == list(REPORT_SECTIONS)
+    with pytest.raises(ParamsError, match="report.methods: .*twice"):
+        load_section({"report": {"methods": ["glam", "glam"]}}, "report", ReportParams)
+    with pytest.raises(ParamsError, match=r"report.methods.0"):
+        load_section({"report": {"methods": ["glam_v2"]}}, "report", ReportParams)
+
+
+def _chromium_or_skip():
+    """Playwright driving Debian's chromium; without them: a failure under CI, a skip elsewhere."""
+    reason = None
+    try:
+        from playwright.sync_api import sync_playwright  # noqa: F401
+    except ImportError:
+        reason = "playwright is not installed (pip install -e '.[test]')"
+    if reason is None and not CHROMIUM.is_file():
+        reason = f"{CHROMIUM} missing (apt-get install chromium; `make test` installs it)"
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"headless Chromium test cannot run under CI: {reason}")
+        pytest.skip(reason)
+
+
+def test_page_in_headless_chromium(results, tmp_path):
+    _chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "out"
+    _render(results, out)
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM))
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
+                    if msg.type == "error" else None)
+            page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
+            page.on("requestfailed", lambda req: problems.append(f"request failed: {req.url}"))
+            page.goto((out / "index.html").as_uri(), wait_until="load")
+            for key in REPORT_SECTIONS:
+                tables = page.locator(f"section#{key} table")
+                assert tables.count() >= 1, key
+                for i in range(tables.count()):
+                    assert tables.nth(i).is_visible(), f"{key} table {i}"
+            for table in TABLE_IDS:
+                assert page.locator(f"#table-{table}").is_visible(), table
+            assert page.locator("figure svg").count() == 6
+            # the relative video link resolves and the browser decodes it
+            page.wait_for_function("document.querySelector('video').readyState >= 2", timeout=10_000)
+            ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACT), full_page=True)
+        finally:
+            browser.close()
+    assert not problems, problems
+    assert ARTIFACT.stat().st_size > 10_000
