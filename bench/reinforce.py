@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "stages"))
 import common  # noqa: E402,F401  (keeps caches under .cache/)
 
-from llmrl.algos.grpo_math import GRPOMathConfig, make_trainer  # noqa: E402
+from llmrl.algos.grpo_math import build_trainer, trainer_params  # noqa: E402
 from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig  # noqa: E402
+from llmrl.config.math import CommonTrainParams, GRPOParams, LoraParams  # noqa: E402
 from llmrl.data.math_gen import generated_splits  # noqa: E402
 from llmrl.io import write_json  # noqa: E402
 from llmrl.llm import LoraSettings, load_model  # noqa: E402
@@ -66,13 +67,14 @@ def main() -> None:
                                  gen_batch_size=PROBLEMS * GROUP, beta=0.25, lr=1e-4)
     ours = ReinforceKL(load_model(spec, lora=LORA), ours_cfg, problems, shots)
 
-    trl_cfg = GRPOMathConfig(iterations=BATCHES + 1, problems_per_iteration=PROBLEMS, group_size=GROUP,
-                             micro_batch=PROBLEMS * GROUP, max_new_tokens=NEW_TOKENS, learning_rate=1e-4,
-                             lora_r=LORA.r, lora_alpha=LORA.alpha, lora_dropout=LORA.dropout)
+    trl_cfg = trainer_params(CommonTrainParams(
+        iterations=BATCHES + 1, problems_per_iteration=PROBLEMS, group_size=GROUP, micro_batch=PROBLEMS * GROUP,
+        answer_tokens=NEW_TOKENS, line_tokens=NEW_TOKENS, lr=1e-4, temperature=1.0,
+        lora=LoraParams(r=LORA.r, alpha=LORA.alpha, dropout=LORA.dropout)), GRPOParams())
     timer = StepTimer()
     record: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = make_trainer(load_model(spec), problems, shots, trl_cfg, output_dir=tmp, record=record)
+        trainer = build_trainer(load_model(spec), problems, shots, trl_cfg, output_dir=tmp, record=record).trainer
         trainer.add_callback(timer)
         t = time.perf_counter()
         trainer.train()

@@ -13,7 +13,9 @@ stage's inputs from DVC, runs the stage and leaves its outputs and DVC's run-cac
 workspace can read them; this workspace then runs ``dvc repro --single-item <stage>`` itself, which DVC
 answers from the run-cache ("is cached - skipping run, checking out outputs"), so it ends with the same
 ``dvc.lock``, metrics and outputs as a serial run and never computes a stage twice. A stage DVC keeps no
-run-cache for (a ``persist`` out) runs in this workspace instead, in its turn. On one machine the
+run-cache for (a ``persist`` out) also runs in a clone, from the persisted outputs this workspace records; this
+workspace then takes the clone's ``dvc.lock`` entry for it and checks its outputs out. So no stage computes
+while holding this workspace's DVC lock, which every other stage needs to start and to finish. On one machine the
 clones share this workspace's DVC cache; with ``--remote NAME`` they pull inputs from and push outputs and
 run-cache to that remote instead (the route for clones on other machines), and this workspace pulls them
 back with ``dvc repro --pull`` (NAME must then be its default remote).
@@ -251,15 +253,38 @@ def run_stage(name: str, gpu: bool, free_gpus: queue.Queue | None, root: str = s
 
 
 def _run_in_clone(clone: Path, name: str, upstream: tuple[str, ...] | list[str], remote: str | None,
-                  env: dict[str, str]) -> str:
+                  env: dict[str, str], run_cacheable: bool = True) -> str:
     """In a clone already holding this workspace's files: fetch the stage's inputs, run it, publish it."""
     if upstream:  # the stage's inputs, as the synced dvc.lock records them
         _dvc(["pull" if remote else "checkout", *upstream], clone, env)
+    if not run_cacheable:  # persisted outputs the stage continues from, as this workspace's dvc.lock records them
+        _dvc(["pull" if remote else "checkout", "--force", "--allow-missing", name], clone, env)
     out = _dvc(["repro", "--single-item", name], clone, env)
     if remote:
-        _dvc(["push", "--run-cache", name], clone, env)
+        _dvc(["push", *(["--run-cache"] if run_cacheable else []), name], clone, env)
         _run_python(f"push_uncached_outs({str(clone)!r}, {name!r}, {remote!r})", clone, env)
     return out
+
+
+def adopt_lock_entry(root: Path, clone: Path, name: str) -> None:
+    """Copy stage ``name``'s ``dvc.lock`` entry from ``clone`` into ``root``'s (the rest of the file stays).
+
+    For a stage DVC keeps no run-cache entry for (a ``persist`` output): the clone ran it on the same files as
+    this workspace, so its entry is the one a run here would have written; its outputs are then checked out.
+    """
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round-trip, as forget_recorded_outs
+    entry = yaml.load((clone / "dvc.lock").read_text())["stages"][name]
+    lock = root / "dvc.lock"
+    data = yaml.load(lock.read_text()) if lock.is_file() else None
+    if not data:
+        data = {"schema": "2.0", "stages": {}}
+    data.setdefault("stages", {})[name] = entry  # replaced in place, or appended as DVC appends a new entry
+    tmp = lock.with_name(lock.name + ".tmp")
+    with tmp.open("w") as handle:
+        yaml.dump(data, handle)
+    os.replace(tmp, lock)
 
 
 def forget_recorded_outs(root: Path, name: str) -> None:
@@ -287,8 +312,20 @@ def forget_recorded_outs(root: Path, name: str) -> None:
     os.replace(tmp, lock)
 
 
-def _restore(name: str, root: str, remote: str | None, env: dict[str, str], where: str, ran: bool) -> str:
-    """Take a stage that ran elsewhere into this workspace from DVC's run-cache (never computing it again)."""
+def _restore(name: str, root: str, remote: str | None, env: dict[str, str], where: str, ran: bool,
+             clone: Path | None = None) -> str:
+    """Take a stage that ran elsewhere into this workspace from DVC's run-cache (never computing it again);
+    with ``clone``, a stage without run-cache entries: its dvc.lock entry from the clone, its outputs checked out."""
+    if clone is not None:
+        with _workspace_lock:
+            if not ran:
+                return "cached"
+            adopt_lock_entry(Path(root), clone, name)
+            _dvc(["pull" if remote else "checkout", "--force", name], root, env)
+            if "up to date" not in _dvc(["status", name], root, env):
+                raise RuntimeError(f"stage {name} ran in {where}, but this workspace is not up to date with the "
+                                   "dvc.lock entry taken from there")
+        return "ran"
     with _workspace_lock:
         if ran:
             forget_recorded_outs(Path(root), name)
@@ -309,8 +346,10 @@ def _up_to_date(name: str, root: str, env: dict[str, str]) -> bool:
 @task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: int, free_gpus: queue.Queue | None,
                        clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None,
-                       mem_gib: float = 0.0) -> str:
-    """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache."""
+                       mem_gib: float = 0.0, run_cacheable: bool = True) -> str:
+    """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache (or, for a
+    stage with a ``persist`` output, from the clone's dvc.lock entry), so no stage holds this workspace's DVC
+    lock while it computes."""
     log = get_run_logger()
     env = _stage_env()
     # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use,
@@ -325,11 +364,12 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
                     sync_clone(Path(root), clone, remote)
                 log.info("dvc repro --single-item %s in %s%s", name, clone.name,
                          f" on GPU {held}" if held is not None else "")
-                out = _run_in_clone(clone, name, upstream, remote, env)
+                out = _run_in_clone(clone, name, upstream, remote, env, run_cacheable)
                 log.info(out[-4000:])
             # The clone stays taken until this workspace holds the result: a sync before that would find the
             # stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
-            return _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out)
+            return _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out,
+                            clone=None if run_cacheable else clone)
         finally:
             clones.put(clone)
 
@@ -518,10 +558,10 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
         if pool and node.run_cacheable:  # the pool's workers hold their machines' cores and GPUs
             futures[node.name] = run_stage_on_pool.with_options(tags=tags).submit(
                 node.name, node.upstream, root, pool, git_url or root, remote, remote_url, wait_for=upstream)
-        elif workers and node.run_cacheable:
+        elif workers:
             futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
                 node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
-                node.mem_gib, wait_for=upstream)
+                node.mem_gib, node.run_cacheable, wait_for=upstream)
         else:  # here, in turn (holding its cores when stages run side by side)
             futures[node.name] = run_stage.with_options(tags=tags).submit(
                 node.name, node.gpu, free_gpus, root, node.cpus, cores, node.mem_gib, wait_for=upstream)

@@ -54,35 +54,26 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live
 
 
 def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live: Live, workdir):
-    from llmrl.algos.grpo_math import GRPOMathConfig, make_trainer
+    from llmrl.algos.grpo import train
+    from llmrl.algos.grpo_math import build_trainer, trainer_params
 
-    c, g = p.common, p.grpo
-    cfg = GRPOMathConfig(
-        iterations=c.iterations, problems_per_iteration=c.problems_per_iteration, group_size=c.group_size,
-        micro_batch=c.micro_batch, max_new_tokens=c.answer_tokens, temperature=c.temperature, top_p=c.top_p,
-        learning_rate=g.learning_rate or c.lr, lr_schedule=c.lr_schedule, grad_clip=c.grad_clip, loss_type=g.loss_type, beta=g.beta,
-        num_iterations=g.num_iterations, epsilon=g.epsilon, scale_rewards=g.scale_rewards,
-        lora_r=c.lora.r if c.lora else None, lora_alpha=c.lora.alpha if c.lora else 32,
-        lora_dropout=c.lora.dropout if c.lora else 0.0, seed=c.seed, bf16=llm.dtype == torch.bfloat16)
     rollouts: list[dict] = []
-    trainer = make_trainer(llm, problems, shots, cfg, output_dir=workdir, record=rollouts)
-    trainer.train()
+    cfg = trainer_params(p.common, p.grpo, bf16=llm.dtype == torch.bfloat16)
+    run = build_trainer(llm, problems, shots, cfg, output_dir=workdir, record=rollouts)
     history = []
-    for row in trainer.state.log_history:
-        if "loss" not in row or "train_runtime" in row:
-            continue
-        # TRL logs every optimiser step; rewards only on the steps that start a generation round.
-        stats = {"step": int(row["step"]) - 1, "loss": row["loss"], "grad_norm": row["grad_norm"],
-                 "lr": row["learning_rate"], "step_time": row.get("step_time")}
-        if "reward" in row:
-            stats.update(average_reward=row["reward"], mean_length=row.get("completions/mean_length"))
+    for row in train(run):
+        # one row per optimiser step; rewards only on the steps that start a generation round
+        stats = {"step": row["step"] - 1, "loss": row["loss"], "grad_norm": row["grad_norm"], "lr": row["lr"],
+                 "step_time": row.get("step_time")}
+        if "reward_mean" in row:
+            stats.update(average_reward=row["reward_mean"], mean_length=row.get("completion_length"))
         history.append(stats)
         for k in ("average_reward", "loss", "grad_norm", "lr"):
             if k in stats:
                 live.log_metric(f"train/{k}", stats[k])
         live.next_step()
         log.info("step %d: reward %s, loss %.4f", stats["step"], stats.get("average_reward"), stats["loss"])
-    llm.model = trainer.model
+    llm.model = run.trainer.model
     return llm, history, rollouts
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from llmrl.agents.math_solver import build_messages
-from llmrl.algos.grpo_math import GRPOMathConfig, build_dataset, correctness_reward, make_trainer
+from llmrl.algos.grpo import train
+from llmrl.algos.grpo_math import build_dataset, build_trainer, correctness_reward, trainer_params
+from llmrl.config.math import CommonTrainParams, GRPOParams, LoraParams, ReinforceKLParams, ReinforceTrainParams
 from llmrl.llm import load_model
 
 PROBLEMS = [{"id": f"p{i}", "problem": f"What is {i} + 1?", "solution": f"The answer is: {i + 1}",
@@ -19,27 +21,34 @@ def test_reward_and_dataset():
     assert ds[0]["prompt"] == build_messages(PROBLEMS[1]["problem"], PROBLEMS[:1]) and ds[0]["answer"] == "2"
 
 
+def _common(**kw) -> CommonTrainParams:
+    base = dict(iterations=1, problems_per_iteration=2, group_size=2, micro_batch=2, answer_tokens=6, line_tokens=6,
+                lora=LoraParams(r=4, alpha=8, dropout=0.0))
+    return CommonTrainParams(**{**base, **kw})
+
+
 def test_grpo_runs_two_steps_on_tiny_model(tmp_path):
     llm = load_model("tiny")
-    cfg = GRPOMathConfig(iterations=1, problems_per_iteration=2, group_size=2, micro_batch=2, max_new_tokens=6,
-                         lora_r=4, lora_alpha=8)
+    common = _common()
+    cfg = trainer_params(common, GRPOParams())
     record: list[dict] = []
-    trainer = make_trainer(llm, PROBLEMS[1:], PROBLEMS[:1], cfg, output_dir=tmp_path, record=record)
-    args = trainer.args
-    assert (args.learning_rate, args.loss_type, args.beta) == (cfg.learning_rate, "dapo", 0.0)
+    run = build_trainer(llm, PROBLEMS[1:], PROBLEMS[:1], cfg, output_dir=tmp_path, record=record)
+    args = run.trainer.args
+    assert (args.learning_rate, args.loss_type, args.beta) == (common.lr, "dapo", 0.0)
     # the budget reinforce_kl shares: its lr schedule, gradient clip and per-answer token budget
     assert (args.lr_scheduler_type, args.max_grad_norm, args.max_completion_length) == ("constant", 1.0, 6)
-    trainer.train()
-    steps = [row for row in trainer.state.log_history if "loss" in row and "train_runtime" not in row]
+    assert run.truncated_prompts == 0  # few-shot prompts are never cut
+    trainable = [n for n, p in run.trainer.model.named_parameters() if p.requires_grad]
+    steps = list(train(run))
     assert len(steps) == 2  # one generation round of 4 completions, two optimiser steps of 2
-    assert [("reward" in row) for row in steps] == [True, False]  # rewards are logged per generation round
+    assert [("reward_mean" in row) for row in steps] == [True, False]  # rewards are logged per generation round
     assert len(record) == 4 and all(r["reward"] in (0.0, 1.0) for r in record)
     assert all(1 <= r["tokens"] <= 6 for r in record)
     assert {r["problem_id"] for r in record} <= {p["id"] for p in PROBLEMS[1:]}
-    assert any("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
+    assert trainable and all("lora_" in n for n in trainable)  # TRL attached the adapter; the base stays frozen
 
 
 def test_grpo_rejects_split_groups():
     with pytest.raises(ValueError, match="multiple of group_size"):
-        make_trainer(load_model("tiny"), PROBLEMS, PROBLEMS[:1],
-                     GRPOMathConfig(problems_per_iteration=2, group_size=4, micro_batch=2))
+        ReinforceTrainParams(common=_common(problems_per_iteration=2, group_size=4, micro_batch=2),
+                             reinforce_kl=ReinforceKLParams(), grpo=GRPOParams())

@@ -203,8 +203,15 @@ stages:
     cmd: python -c "import time; open('out/clock.txt', 'w').write(repr(time.time()))"
     deps: [out/source.txt]
     outs: [out/clock.txt]
+  memo:
+    cmd: python step.py memo out/memo/notes.txt out/source.txt
+    deps: [step.py, out/source.txt]
+    outs:
+      - out/memo:
+          persist: true
 """
-TOY_STAGES = {"source", "left", "right", "wide", "join"}  # and `clock`, whose output differs on every run
+# `memo` has a persisted output (as ProPS's reply caches): DVC keeps no run-cache entry for it.
+TOY_STAGES = {"source", "left", "right", "wide", "join", "memo"}  # and `clock`, whose output differs on every run
 TOY_COMMANDS = TOY_STAGES | {"right_data"}
 
 
@@ -250,7 +257,8 @@ def _outputs(root):
     # follows completion order, which parallel stages change.
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     lock["stages"].pop("clock", None)
-    files = ["out/source.txt", "out/left.txt", "metrics/right.json", "out/right.txt", "out/wide.txt", "out/join.txt"]
+    files = ["out/source.txt", "out/left.txt", "metrics/right.json", "out/right.txt", "out/wide.txt", "out/join.txt",
+             "out/memo/notes.txt"]
     return lock, {f: (root / f).read_bytes() for f in files}
 
 
@@ -279,6 +287,7 @@ def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
     assert "up to date" in _dvc("status", cwd=parallel)
     spans = _intervals(tmp_path / "parallel.log")
     assert set(spans) == TOY_COMMANDS  # each stage computed once, in a clone
+    assert "dvc repro --single-item memo in w" in out  # the persisted stage too: it never blocks the workspace
     _check_clock_restored(parallel)
 
     def overlap(a, b):

@@ -2,50 +2,44 @@
 
 Whole solutions are sampled (``num_generations`` per prompt) instead of line by line; the prompt is the same
 chat (system prompt, few-shot pairs, problem) that TRL renders with the model's own chat template, identical to
-``LLM.render``; the reward is 1 for a correct final answer. TRL's defaults that matter (lr, loss_type, beta)
-are passed explicitly. The budget matches ``reinforce_kl``: ``iterations`` generation rounds of
-``problems_per_iteration × group_size`` completions, each split into optimiser steps of ``micro_batch``.
+``LLM.render``; the reward is 1 for a correct final answer. The trainer is the project's one GRPO set-up
+(``llmrl.algos.grpo``, also ProPS's); ``trainer_params`` turns the budget both variants share
+(``reinforce_train.common``) into its settings: ``iterations`` generation rounds of ``problems_per_iteration ×
+group_size`` completions, each split into optimiser steps of ``micro_batch``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from llmrl.agents.math_solver import build_messages
+from llmrl.algos.grpo import GRPORun, build_grpo_trainer, completion_text
+from llmrl.config.grpo import GRPOTrainParams
+from llmrl.config.lora import LoraSettings
+from llmrl.config.math import CommonTrainParams, GRPOParams
 from llmrl.data.math_answers import answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM
 
 
-@dataclass(frozen=True)
-class GRPOMathConfig:
-    iterations: int = 3
-    problems_per_iteration: int = 8
-    group_size: int = 4
-    micro_batch: int = 8  # completions per optimiser step
-    max_new_tokens: int = 40  # per completion: reinforce_kl's answer_tokens
-    temperature: float = 1.0
-    top_p: float = 0.9
-    learning_rate: float = 1e-4
-    lr_schedule: str = "constant"  # "constant" | "linear" (to 0), as reinforce_kl
-    grad_clip: float = 1.0
-    loss_type: str = "dapo"
-    beta: float = 0.0
-    num_iterations: int = 1
-    epsilon: float = 0.2
-    scale_rewards: str = "group"
-    lora_r: int | None = 16  # None: full fine-tune
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    seed: int = 0
-    bf16: bool = False
-
-
-def completion_text(completion) -> str:
-    """TRL passes conversational completions as a list of messages; plain ones as a string."""
-    return completion[-1]["content"] if isinstance(completion, list) else completion
+def trainer_params(common: CommonTrainParams, grpo: GRPOParams, *, bf16: bool = False) -> GRPOTrainParams:
+    """GRPO settings for the budget ``reinforce_kl`` also trains with: the same samples, optimiser steps, lr and
+    schedule, gradient clip and tokens per answer. ``bf16`` is honoured on a CUDA device with bf16 only."""
+    steps_per_generation = common.problems_per_iteration * common.group_size // common.micro_batch
+    lora = None if common.lora is None else LoraSettings(r=common.lora.r, alpha=common.lora.alpha,
+                                                         dropout=common.lora.dropout, target_modules="all-linear")
+    return GRPOTrainParams(
+        learning_rate=grpo.learning_rate or common.lr, loss_type=grpo.loss_type, beta=grpo.beta,
+        num_iterations=grpo.num_iterations, epsilon=grpo.epsilon, scale_rewards=grpo.scale_rewards,
+        num_generations=common.group_size, per_device_train_batch_size=common.micro_batch,
+        gradient_accumulation_steps=1, steps_per_generation=steps_per_generation,  # one round feeds this many steps
+        max_steps=common.iterations * steps_per_generation, max_prompt_tokens=None,  # few-shot prompts stay whole
+        max_completion_length=common.answer_tokens, temperature=common.temperature, top_p=common.top_p,
+        lr_scheduler_type=common.lr_schedule, max_grad_norm=common.grad_clip, seed=common.seed, bf16=bf16,
+        # TRL's default, kept: measured on the CPU default, checkpointing costs 2.5 % of the time (204 vs 199 s)
+        # and saves 3.1 GiB of peak memory (5.2 vs 8.3 GiB: fp32 activations under a 49k-vocabulary head)
+        gradient_checkpointing=True,
+        lora=lora)
 
 
 def stated_answer(completion) -> str | None:
@@ -85,58 +79,9 @@ def build_dataset(problems: Sequence[dict], shots: Sequence[dict]):
                                "id": str(p["id"])} for p in problems])
 
 
-def make_trainer(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg: GRPOMathConfig,
-                 output_dir: str | os.PathLike | None = None, record: list[dict] | None = None):
-    """A ``trl.GRPOTrainer`` over ``problems``; ``llm.model`` must be a plain (non-peft) model.
-
-    With ``record`` every sampled completion is appended to it (LLM outputs are data).
-    """
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
-
-    rollout = cfg.problems_per_iteration * cfg.group_size
-    if rollout % cfg.micro_batch or cfg.micro_batch % cfg.group_size:
-        raise ValueError(f"grpo: micro_batch={cfg.micro_batch} must divide {rollout} and be a multiple of "
-                         f"group_size={cfg.group_size}")
-    steps_per_generation = rollout // cfg.micro_batch
-    args = GRPOConfig(
-        output_dir=str(output_dir or tempfile.mkdtemp(prefix="grpo_math_")),
-        learning_rate=cfg.learning_rate,
-        loss_type=cfg.loss_type,
-        beta=cfg.beta,
-        num_iterations=cfg.num_iterations,
-        epsilon=cfg.epsilon,
-        scale_rewards=cfg.scale_rewards,
-        num_generations=cfg.group_size,
-        per_device_train_batch_size=cfg.micro_batch,
-        gradient_accumulation_steps=1,
-        steps_per_generation=steps_per_generation,  # one generation round feeds this many optimiser steps
-        max_steps=cfg.iterations * steps_per_generation,
-        max_completion_length=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        lr_scheduler_type=cfg.lr_schedule,
-        max_grad_norm=cfg.grad_clip,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        bf16=cfg.bf16,
-        # TRL's default, kept: measured on the CPU default, checkpointing costs 2.5 % of the time (204 vs 199 s)
-        # and saves 3.1 GiB of peak memory (5.2 vs 8.3 GiB: fp32 activations under a 49k-vocabulary head)
-        activation_checkpointing=True,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-    )
-    peft_config = None
-    if cfg.lora_r is not None:
-        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                 target_modules="all-linear", task_type="CAUSAL_LM")
-    return GRPOTrainer(
-        model=llm.model,
-        reward_funcs=correctness_reward if record is None else recording_reward(record),
-        args=args,
-        train_dataset=build_dataset(problems, shots),
-        processing_class=llm.tokenizer,
-        peft_config=peft_config,
-    )
+def build_trainer(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg: GRPOTrainParams,
+                  output_dir: str | os.PathLike, record: list[dict] | None = None) -> GRPORun:
+    """The GRPO trainer over ``problems`` (``llm.model`` plain: TRL attaches the adapter). With ``record`` every
+    sampled completion is appended to it (LLM outputs are data)."""
+    reward = correctness_reward if record is None else recording_reward(record)
+    return build_grpo_trainer(llm, build_dataset(problems, shots), [reward], cfg, output_dir)
