@@ -30,7 +30,9 @@ from llmrl.eval.harness import run_episode  # noqa: E402
 from llmrl.eval.kalm import EnvPool, grounded_act, run_level  # noqa: E402
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
 from llmrl.io import write_json  # noqa: E402
-from llmrl.llm.grounded import GroundedLM, GroundingSpec, build_grounded  # noqa: E402
+from llmrl.llm.grounded import GroundedLM  # noqa: E402
+
+from kalm_rollouts import metaworld_model  # noqa: E402  (this folder is on sys.path when a bench runs)
 
 TARGET = 2.0
 FIRST_SEED = 10_000  # kalm_eval's evaluation seeds
@@ -68,13 +70,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    if (Path(a.model) / "grounding.json").is_file():
-        model, source = GroundedLM.load(a.model), a.model
-    else:
-        spec = kl.action_spec("metaworld")
-        model = build_grounded(GroundingSpec(obs_dim=kl.obs_dim("metaworld"), action_dim=spec.n, discrete=False,
-                                             base_model=a.base))
-        source = f"untrained on {a.base}"
+    model, source = metaworld_model(a.model, a.base)
     pool = EnvPool(kl.goals("metaworld", a.level), kl.EnvSettings(max_steps=a.max_steps))
     pool.env(0, FIRST_SEED)  # build the environments before timing
     for j in range(a.episodes):

@@ -34,6 +34,16 @@ from llmrl.llm.grounded import GroundedLM, GroundingSpec, build_grounded  # noqa
 TARGET = 5.0
 
 
+def metaworld_model(folder: str, base: str) -> tuple[GroundedLM, str]:
+    """The trained Meta-World grounded model in ``folder``, else an untrained one on ``base`` (speed and equality
+    do not depend on the weights); with a description of which."""
+    if (Path(folder) / "grounding.json").is_file():
+        return GroundedLM.load(folder), folder
+    spec = kl.action_spec("metaworld")
+    return build_grounded(GroundingSpec(obs_dim=kl.obs_dim("metaworld"), action_dim=spec.n, discrete=False,
+                                        base_model=base)), f"untrained on {base}"
+
+
 def timed(fn):
     c0, w0 = time.process_time(), time.perf_counter()
     out = fn()
@@ -52,13 +62,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    if (Path(a.model) / "grounding.json").is_file():
-        model, source = GroundedLM.load(a.model), a.model
-    else:
-        spec_a = kl.action_spec("metaworld")
-        model = build_grounded(GroundingSpec(obs_dim=kl.obs_dim("metaworld"), action_dim=spec_a.n, discrete=False,
-                                             base_model=a.base))
-        source = f"untrained on {a.base}"
+    model, source = metaworld_model(a.model, a.base)
     model.eval()
     goals = kl.goals("metaworld", "easy")
     instr = [goals[i % len(goals)].instruction for i in range(a.batch)]
