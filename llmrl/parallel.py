@@ -9,9 +9,14 @@ already is the library; this only fixes the start method and the error path.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from llmrl.io import atomic_path
 
 
 def run_seeds(run_seed: Callable[[int], None], seeds: Sequence[int], workers: int) -> None:
@@ -31,3 +36,15 @@ def run_seeds(run_seed: Callable[[int], None], seeds: Sequence[int], workers: in
         futures = [pool.submit(run_seed, seed) for seed in seeds]
         for future in futures:
             future.result()
+
+
+def run_seeds_into(folders: Mapping[str, str | Path], run_seed: Callable[..., None], seeds: Sequence[int],
+                   workers: int) -> None:
+    """``run_seeds`` into temporary siblings of ``folders``, published together when every seed succeeded.
+
+    ``run_seed(seed, **{name: temporary folder})``: a stage item's seeds write its models, records and curves;
+    a failed or killed item leaves every previous folder whole.
+    """
+    with contextlib.ExitStack() as stack:
+        tmp = {name: stack.enter_context(atomic_path(path, is_dir=True)) for name, path in folders.items()}
+        run_seeds(functools.partial(run_seed, **tmp), seeds, workers)

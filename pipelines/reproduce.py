@@ -68,6 +68,8 @@ class StageNode:
     # DVC keeps no run-cache entry for a stage with a `persist` out (e.g. a reply cache that grows across
     # runs) or an uncached out that is not a metric or plot: such a stage cannot move between workspaces.
     run_cacheable: bool = True
+    # The longest chain of stages (this one included) that wait on this stage's outputs: its priority for cores.
+    chain: int = 1
 
 
 def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageNode]:
@@ -88,6 +90,9 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageN
             for s in list(wanted):
                 wanted |= nx.descendants(graph, s)
             order = [s for s in order if s in wanted]
+        chain: dict = {}
+        for s in order[::-1]:  # dependents first: a stage's chain is one longer than its longest dependent's
+            chain[s] = 1 + max((chain[d] for d in graph.predecessors(s) if d in chain), default=0)
         nodes = []
         for s in order:
             meta = s.meta or {}
@@ -104,6 +109,7 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageN
                 cpus=cpus,
                 mem_gib=float(mem),
                 run_cacheable=not any(o.persist or not (o.use_cache or o.is_metric or o.is_plot) for o in s.outs),
+                chain=chain[s],
             ))
         return nodes
 
@@ -112,8 +118,10 @@ class CoreSlots:
     """Free cores and memory; a stage waits until the cores and the memory it declares are free.
 
     Written here because Prefect's concurrency limits live on the API server and poll, while these are one
-    machine's resources. Waiting stages are served first-fit in arrival order: the oldest request that fits
-    goes first, so a one-core stage may start beside a running one while a two-core stage waits for both.
+    machine's resources. Waiting stages are served first-fit by priority, then arrival: the first request that
+    fits goes first, so a one-core stage may start beside a running one while a two-core stage waits for both.
+    The flow gives a stage the length of the longest chain of stages that wait on it, so a long chain (KALM's
+    data → grounding → imagination → offline RL → evaluation) starts early instead of last.
     Memory (``meta.mem_gib``, a stage's measured peak) keeps two large stages from running side by side.
     """
 
@@ -126,24 +134,25 @@ class CoreSlots:
         self.mem_gib = mem_gib
         self._free = total
         self._free_mem = mem_gib
-        self._waiting: list[tuple[object, int, float]] = []
+        self._waiting: list[tuple[int, int, object, int, float]] = []  # (-priority, arrival, ticket, cpus, GiB)
+        self._arrivals = itertools.count()
         self._cond = threading.Condition()
 
     def _granted(self, ticket: object) -> bool:
-        for t, n, mem in self._waiting:
+        for _, _, t, n, mem in sorted(self._waiting, key=lambda w: w[:2]):
             # A stage larger than the whole budget runs alone rather than never.
             if n <= self._free and (mem <= self._free_mem or self._free_mem == self.mem_gib):
                 return t is ticket
         return False
 
     @contextlib.contextmanager
-    def hold(self, n: int, mem_gib: float = 0.0):
+    def hold(self, n: int, mem_gib: float = 0.0, priority: int = 0):
         n = min(n, self.total)
         ticket = object()
         with self._cond:
-            self._waiting.append((ticket, n, mem_gib))
+            self._waiting.append((-priority, next(self._arrivals), ticket, n, mem_gib))
             self._cond.wait_for(lambda: self._granted(ticket))
-            self._waiting = [w for w in self._waiting if w[0] is not ticket]
+            self._waiting = [w for w in self._waiting if w[2] is not ticket]
             self._free -= n
             self._free_mem -= mem_gib
             self._cond.notify_all()
@@ -346,19 +355,19 @@ def _up_to_date(name: str, root: str, env: dict[str, str]) -> bool:
 @task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: int, free_gpus: queue.Queue | None,
                        clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None,
-                       mem_gib: float = 0.0, run_cacheable: bool = True) -> str:
+                       mem_gib: float = 0.0, run_cacheable: bool = True, priority: int = 0) -> str:
     """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache (or, for a
     stage with a ``persist`` output, from the clone's dvc.lock entry), so no stage holds this workspace's DVC
     lock while it computes."""
     log = get_run_logger()
     env = _stage_env()
-    # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use,
-    # nor run even a `dvc status` beside a stage that holds every core (two-thread torch stalls under load).
-    with cores.hold(cpus, mem_gib):
-        if _up_to_date(name, root, env):
-            return "cached"
-        clone = clones.get()
-        try:
+    if _up_to_date(name, root, env):  # its upstream stages are done; a second of DVC needs no core slot
+        return "cached"
+    clone = None
+    try:
+        # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use.
+        with cores.hold(cpus, mem_gib, priority):
+            clone = clones.get()
             with _gpu(gpu, free_gpus, env) as held:
                 with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
                     sync_clone(Path(root), clone, remote)
@@ -366,11 +375,13 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
                          f" on GPU {held}" if held is not None else "")
                 out = _run_in_clone(clone, name, upstream, remote, env, run_cacheable)
                 log.info(out[-4000:])
-            # The clone stays taken until this workspace holds the result: a sync before that would find the
-            # stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
-            return _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out,
-                            clone=None if run_cacheable else clone)
-        finally:
+        # The cores are free again: the restore (a few seconds of DVC, one at a time) need not hold back the
+        # next stage. The clone stays taken until this workspace holds the result: a sync before that would
+        # find the stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
+        return _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out,
+                        clone=None if run_cacheable else clone)
+    finally:
+        if clone is not None:
             clones.put(clone)
 
 
@@ -550,7 +561,7 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
     futures = {}
     cores = CoreSlots(cpus or os.cpu_count() or 1, mem_gib or float("inf")) if workers else None
     clones: queue.Queue = queue.Queue()
-    for i in range(workers):
+    for i in range(2 * workers):  # a clone per running stage, and one per stage whose result is being restored
         clones.put(Path(root) / ".cache" / "workers" / f"w{i}")
     for node in nodes:
         upstream = [futures[u] for u in node.upstream if u in futures]
@@ -561,7 +572,7 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
         elif workers:
             futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
                 node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
-                node.mem_gib, node.run_cacheable, wait_for=upstream)
+                node.mem_gib, node.run_cacheable, node.chain, wait_for=upstream)
         else:  # here, in turn (holding its cores when stages run side by side)
             futures[node.name] = run_stage.with_options(tags=tags).submit(
                 node.name, node.gpu, free_gpus, root, node.cpus, cores, node.mem_gib, wait_for=upstream)

@@ -38,3 +38,11 @@ def stage_params(section: str, model, params_file: str | os.PathLike = ROOT / "p
     except ParamsError as err:
         print(f"invalid params for stage {section!r}:\n{err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def open_live(folder: str | os.PathLike):
+    """A dvclive logger writing curves and plots under ``folder`` only: the pipeline's dvc.yaml declares them,
+    so dvclive writes no dvc.yaml, report or experiment of its own."""
+    from dvclive import Live
+
+    return Live(dir=str(folder), save_dvc_exp=False, dvcyaml=None, report=None)

@@ -5,9 +5,8 @@ return with intervals, greedy and sampled apart), per-episode tables under metri
 out), and a dvclive bar plot of success per policy and level.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
-from dvclive import Live
 
 from llmrl.agents import BabyAIBotPolicy, RandomPolicy
 from llmrl.config import DemosParams, EvalBaselinesParams
@@ -24,7 +23,7 @@ def main() -> None:
     envs = stage_params("demos", DemosParams).envs  # evaluate on the levels the demonstrations cover
     seeds = range(p.seed, p.seed + p.episodes)
     rows = []
-    with Live(dir=str(ROOT / "plots" / "eval_baselines"), save_dvc_exp=False, dvcyaml=None, report=None) as live, \
+    with open_live(ROOT / "plots" / "eval_baselines") as live, \
             atomic_path(ROOT / "metrics" / "baselines" / "eval", is_dir=True) as eval_dir, \
             atomic_path(ROOT / "metrics" / "baselines" / "episodes", is_dir=True) as episodes_dir:
         for env_id in envs:

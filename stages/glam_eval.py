@@ -9,12 +9,11 @@ the training seeds of a glam_train variant are pooled as seeds), per-episode tab
 of each LLM agent and timings under metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import time
 
 import torch
-from dvclive import Live
 
 from llmrl.agents import BabyAIBotPolicy, RandomPolicy
 from llmrl.agents.llm_policy import LLMBatchPolicy, build_agent, load_agent
@@ -64,7 +63,7 @@ def main() -> None:
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing = [], {}
-    with Live(dir=str(ROOT / "plots" / "glam_eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live, \
+    with open_live(ROOT / "plots" / "glam_eval") as live, \
             atomic_path(OUT / "eval", is_dir=True) as eval_dir, atomic_path(OUT / "episodes", is_dir=True) as ep_dir:
         for name, factories, modes in agents(p):
             start = time.perf_counter()

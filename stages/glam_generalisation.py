@@ -7,10 +7,9 @@ test and agent in metrics/glam/generalisation/<test>/<agent>.json (training seed
 seeds); the first prompts of each test under metrics/glam/generalisation_prompts/ (a plain out).
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import torch
-from dvclive import Live
 
 from llmrl.agents.llm_policy import LLMBatchPolicy, load_agent
 from llmrl.config.glam import GlamParams
@@ -34,8 +33,8 @@ def main() -> None:
     if g.include_bc:
         agents["bc"] = ["bc"]
     out = ROOT / "metrics" / "glam"
-    with Live(dir=str(ROOT / "plots" / "glam_generalisation"), save_dvc_exp=False, dvcyaml=None,
-              report=None) as live, atomic_path(out / "generalisation", is_dir=True) as gen_dir, \
+    with open_live(ROOT / "plots" / "glam_generalisation") as live, \
+            atomic_path(out / "generalisation", is_dir=True) as gen_dir, \
             atomic_path(out / "generalisation_prompts", is_dir=True) as prompt_dir:
         for name, items in agents.items():
             results: dict = {test: [] for test in g.tests}

@@ -7,14 +7,13 @@ of the same run, ending with the metrics of an uninterrupted run; any other chec
 The checkpoint is removed once the outputs are written.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import sys
 import time
 from dataclasses import asdict
 
 import torch
-from dvclive import Live
 
 from llmrl.agents.llm_policy import build_agent, save_agent
 from llmrl.algos.ppo_llm import PPOConfig, train
@@ -55,8 +54,7 @@ def main() -> None:
     save_agent(agent, ROOT / "models" / "glam" / item,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
     # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.
-    with Live(dir=str(ROOT / "plots" / "glam_train" / item), save_dvc_exp=False, dvcyaml=None,
-              report=None) as live:
+    with open_live(ROOT / "plots" / "glam_train" / item) as live:
         for row in history:
             live.step = row["update"]
             for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):

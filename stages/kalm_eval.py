@@ -10,14 +10,13 @@ metrics/kalm/eval/table.json (per row and level: success, seed-level interval, p
 out), metrics/kalm/eval/episodes.json (per-episode outcomes; plain out) and a dvclive bar plot.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import importlib.util
 import logging
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from dvclive import Live
 
 from llmrl.config.kalm import KalmEnvParams, KalmEvalParams, KalmOfflineParams
 from llmrl.data.embeddings import EmbeddingTable
@@ -76,7 +75,7 @@ def main() -> None:
         write_json(out / "episodes.json", [e for r in results.values() for e in r["episodes"]])
     write_json(ROOT / "metrics" / "kalm.json", {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
                                                 "eval_seconds": round(seconds, 1), "env": fingerprint_line()})
-    with Live(dir=str(ROOT / "plots" / "kalm" / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+    with open_live(ROOT / "plots" / "kalm" / "eval") as live:
         live.log_plot("success_by_policy", [{"policy": f"{r['benchmark']} {r['level']}: {r['row']}",
                                              "success_rate": r["value"]} for r in rows],
                       x="success_rate", y="policy", template="bar_horizontal",

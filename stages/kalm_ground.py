@@ -6,13 +6,12 @@ models/kalm/grounded/<benchmark>/ (LoRA adapter + projections + heads + spec), m
 losses before/after on held-out episodes, time, dtype) and dvclive curves in plots/kalm/ground/<benchmark>.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import time
 
 import numpy as np
 import torch
-from dvclive import Live
 from tqdm.auto import tqdm
 
 from llmrl.algos.kalm_grounding import autocast_dtype, build_samples, evaluate_losses, train_grounding
@@ -58,8 +57,7 @@ def main() -> None:
                      len(val), sum(len(v) for v in samples.values()), before)
             train_start = time.perf_counter()
             rows = []
-            with Live(dir=str(ROOT / "plots" / "kalm" / "ground" / benchmark), save_dvc_exp=False, dvcyaml=None,
-                      report=None) as live:
+            with open_live(ROOT / "plots" / "kalm" / "ground" / benchmark) as live:
                 for row in tqdm(train_grounding(model, samples, p, rng), total=p.steps, desc=f"ground {benchmark}"):
                     rows.append(row)
                     live.step = row["step"]

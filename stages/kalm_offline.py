@@ -9,22 +9,21 @@ time) and a dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; t
 together.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import functools
 import sys
 import time
 from pathlib import Path
 
-from dvclive import Live
 
 from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes, train_offline
 from llmrl.config.kalm import KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.fingerprint import fingerprint_line
 from llmrl.data.embeddings import EmbeddingTable
-from llmrl.io import atomic_path, write_json
-from llmrl.parallel import run_seeds
+from llmrl.io import write_json
+from llmrl.parallel import run_seeds_into
 
 DATA = ROOT / "data" / "kalm"
 
@@ -56,8 +55,7 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     learnable = make_learnable(algo, seed, p.threads)
     rows = []
     start = time.perf_counter()
-    with Live(dir=str(plots / f"seed-{seed}"), save_dvc_exp=False, dvcyaml=None,
-              report=None) as live:
+    with open_live(plots / f"seed-{seed}") as live:
         for row in train_offline(learnable, dataset, algo.steps, p.log_every):
             rows.append(row)
             live.step = row["step"]
@@ -86,9 +84,8 @@ def main() -> None:
     if data not in p.data:
         sys.exit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
     group = f"{name}-{data}"
-    with atomic_path(ROOT / "models" / "kalm" / "offline" / group, is_dir=True) as models, \
-            atomic_path(ROOT / "plots" / "kalm" / "offline" / group, is_dir=True) as plots:
-        run_seeds(functools.partial(run_seed, name, data, models=models, plots=plots), p.seeds, p.workers)
+    folders = {"models": ROOT / "models" / "kalm" / "offline" / group, "plots": ROOT / "plots" / "kalm" / "offline" / group}
+    run_seeds_into(folders, functools.partial(run_seed, name, data), p.seeds, p.workers)
 
 
 if __name__ == "__main__":

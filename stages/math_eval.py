@@ -6,13 +6,12 @@ holds accuracy as ``success`` with its 95% interval (one training seed: the inte
 parse-failure and truncation rates and mean tokens per answer.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import json
 import time
 
 import torch
-from dvclive import Live
 
 from llmrl.agents.math_solver import load_policy, solve
 from llmrl.config.math import MathEvalParams, ReinforceTrainParams
@@ -35,7 +34,7 @@ def main() -> None:
     modes = {"greedy": SamplingConfig(max_new_tokens=cap, temperature=0.0, seed=p.seed),
              "sampled": SamplingConfig(max_new_tokens=cap, temperature=p.temperature, top_p=p.top_p, seed=p.seed)}
     rows = []
-    with Live(dir=str(ROOT / "plots" / "math" / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live, \
+    with open_live(ROOT / "plots" / "math" / "eval") as live, \
             atomic_path(ROOT / "metrics" / "math" / "responses", is_dir=True) as resp_dir, \
             atomic_path(ROOT / "metrics" / "math" / "eval", is_dir=True) as eval_dir:
         for name in p.models:

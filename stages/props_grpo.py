@@ -6,7 +6,7 @@ completion with its four rewards; the rendered first prompt), ``metrics/props/gr
 ``plots/props/grpo``.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import json
 import tempfile
@@ -14,7 +14,6 @@ import time
 
 import torch
 from datasets import Dataset
-from dvclive import Live
 
 from llmrl.algos.grpo import build_grpo_trainer, recording, save_adapter, train
 from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, sample_scored_vectors, \
@@ -71,7 +70,7 @@ def main() -> None:
     ADAPTER.parent.mkdir(parents=True, exist_ok=True)
     t_train = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".props_grpo_trl.", dir=ADAPTER.parent) as trl_dir, \
-            Live(dir=str(PLOTS), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+            open_live(PLOTS) as live:
         run = build_grpo_trainer(llm, Dataset.from_list(records["train"]),
                                  recording(rewards, completions, keys=("id",)), p.trainer, trl_dir)
         for row in train(run):

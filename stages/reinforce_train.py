@@ -5,7 +5,7 @@ rollouts.jsonl, the rendered prompt of the first problem), metrics/math/train_<v
 curves under plots/math/train_<variant>/.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import json
 import shutil
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from dvclive import Live
 
 from llmrl.agents.math_solver import build_messages, write_policy
 from llmrl.checkpoint import project_sources, run_identity
@@ -28,7 +27,7 @@ from llmrl.seeding import seed_everything
 VARIANTS = ("reinforce_kl", "grpo")
 
 
-def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live, checkpoint, identity):
+def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, checkpoint, identity):
     from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig
 
     c, r = p.common, p.reinforce_kl
@@ -53,7 +52,7 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live: Live
     return llm, history, rollouts
 
 
-def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live: Live, workdir):
+def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live, workdir):
     from llmrl.algos.grpo import train
     from llmrl.algos.grpo_math import build_trainer, trainer_params
 
@@ -105,8 +104,7 @@ def main() -> None:
                             if Path(model_spec).is_dir() else {"train": ROOT / "data" / "math" / "train.jsonl"},
                             code=project_sources(ROOT))
     t0 = time.perf_counter()
-    with Live(dir=str(ROOT / "plots" / "math" / f"train_{variant}"), save_dvc_exp=False, dvcyaml=None,
-              report=None) as live, atomic_path(out, is_dir=True) as tmp:
+    with open_live(ROOT / "plots" / "math" / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:
         if variant == "reinforce_kl":
             llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live, checkpoint, identity)
         else:

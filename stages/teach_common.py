@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from common import ROOT  # isort: skip
 
-import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,8 +28,8 @@ from llmrl.agents.teacher import (
 from llmrl.config.teach import TeachTeacherParams
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import ENV_ID as MPE_ID
-from llmrl.io import atomic_path, write_json
-from llmrl.parallel import run_seeds
+from llmrl.io import write_json
+from llmrl.parallel import run_seeds_into
 from llmrl.llm.backends import CachedBackend, ReplyCache
 from llmrl.llm.generate import SamplingConfig
 
@@ -90,6 +89,28 @@ def make_teacher(key: str, teacher: str, p: TeachTeacherParams, n_actions: int) 
     return TeacherPolicy(task_kind(key), make_planner(key, teacher, p, offline=True), n_actions)
 
 
+def log_iteration(live) -> Callable[[dict], None]:
+    """The ``on_iteration`` callback of both student trainers: a stats row as dvclive metrics at its frame count."""
+    def on_iteration(stats: dict) -> None:
+        live.step = stats["frames"]
+        for k, v in stats.items():
+            if k not in ("iteration", "frames"):
+                live.log_metric(k, v)
+        live.next_step()
+
+    return on_iteration
+
+
+def teacher_record(teacher: TeacherPolicy | None) -> dict:
+    """What a run's metrics keep of its teacher: the texts it was asked about and the LLM planner's reply statistics."""
+    if teacher is None:
+        return {}
+    out = {"teacher_texts": dict(teacher.text_counts.most_common())}
+    if hasattr(teacher.planner, "stats"):
+        out["llm"] = teacher.planner.stats()
+    return out
+
+
 def group_name(key: str, teacher: str) -> str:
     """One stage item: every seed of one task and teacher (``simpledoorkey-llm``, ``mpe-none``)."""
     return f"{'mpe' if key == MPE_KEY else key}-{teacher}"
@@ -121,7 +142,5 @@ def train_group(group: str, seeds: Sequence[int], workers: int, run_seed: Callab
     runs alone in a single-threaded process, as when every seed was its own stage, so the bytes do not depend
     on ``workers``.
     """
-    with atomic_path(MODELS / group, is_dir=True) as models, \
-            atomic_path(METRICS / "train" / group, is_dir=True) as records, \
-            atomic_path(PLOTS / "train" / group, is_dir=True) as plots:
-        run_seeds(functools.partial(run_seed, models=models, records=records, plots=plots), seeds, workers)
+    run_seeds_into({"models": MODELS / group, "records": METRICS / "train" / group, "plots": PLOTS / "train" / group},
+                   run_seed, seeds, workers)

@@ -8,14 +8,13 @@ planner statistics metrics/teach/report.json and per-episode tables under metric
 and a dvclive bar plot of greedy success (MPE: mean return).
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, open_live, stage_params  # isort: skip
 from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, group_name, make_teacher, student_file, \
     train_record_file  # isort: skip
 
 import json
 
 import numpy as np
-from dvclive import Live
 
 from llmrl.agents import RandomPolicy
 from llmrl.agents.student import StudentPolicy, load_student
@@ -158,7 +157,7 @@ def main() -> None:
     plans = METRICS / "plans"
     if plans.is_dir():
         report["llm_planner"] = {f.stem: json.loads(f.read_text()) for f in sorted(plans.glob("*.json"))}
-    with Live(dir=str(PLOTS / "eval"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+    with open_live(PLOTS / "eval") as live:
         live.log_plot("success_by_policy", rows, x="success_rate", y="policy", template="bar_horizontal",
                       title="LLM4Teach: greedy success, mean over seeds (MPE: mean return)")
     write_json(METRICS / "report.json", report)

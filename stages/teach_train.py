@@ -8,15 +8,15 @@ models/teach/<env>-<teacher>/seed-k/student.pt (state_dict + config), metrics/te
 statistics) and dvclive curves under plots/teach/train/<env>-<teacher>/seed-k/.
 """
 
-from common import log, stage_params  # isort: skip
-from teach_common import env_id, group_name, make_teacher, save_run, train_group  # isort: skip
+from common import log, open_live, stage_params  # isort: skip
+from teach_common import (env_id, group_name, log_iteration, make_teacher, save_run,  # isort: skip
+                          teacher_record, train_group)
 
 import functools
 import sys
 import time
 from pathlib import Path
 
-from dvclive import Live
 
 from llmrl.algos.teach_runs import train_grid_student
 from llmrl.config.teach import TeachParams
@@ -34,22 +34,15 @@ def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: P
     curve_measure = grid_curve_measure(eid, range(t.curve_seed, t.curve_seed + t.curve_episodes))
 
     start, cpu_start = time.perf_counter(), time.process_time()
-    with Live(dir=str(plots / f"seed-{seed}"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
+    with open_live(plots / f"seed-{seed}") as live:
         def measure(agent, frames: int) -> dict:
             point = curve_measure(agent, frames)
             live.log_metric("curve/success", point["success_rate"], plot=False)
             log.info("%s: %d frames, greedy success %.2f", run, frames, point["success_rate"])
             return point
 
-        def on_iteration(stats: dict) -> None:
-            live.step = stats["frames"]
-            for k, v in stats.items():
-                if k not in ("iteration", "frames"):
-                    live.log_metric(k, v)
-            live.next_step()
-
         live.step = 0
-        result = train_grid_student(eid, teacher, t, seed, measure=measure, on_iteration=on_iteration)
+        result = train_grid_student(eid, teacher, t, seed, measure=measure, on_iteration=log_iteration(live))
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     history, curve = result.history, result.curve
 
@@ -59,10 +52,7 @@ def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: P
                "fps": round(history[-1]["frames"] / seconds, 1), "final_distill_coef": history[-1]["distill_coef"],
                "curve_success_final": curve[-1]["success_rate"], "aulc": aulc(curve, history[-1]["frames"]),
                "curve": curve}
-    if teacher is not None:
-        metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
-        if hasattr(teacher.planner, "stats"):
-            metrics["llm"] = teacher.planner.stats()
+    metrics.update(teacher_record(teacher))
     save_run(seed, result.agent, metrics, models=models, records=records, ppo=t.ppo.model_dump(),
              distill=t.distill.model_dump())
     log.info("%s: %d frames in %.0f s, final λ %.3f, final greedy success %.2f, AULC %.3f", run, metrics["frames"],

@@ -7,15 +7,14 @@ Writes, per seed k, models/teach/mpe-<teacher>/seed-k/student.pt, metrics/teach/
 and dvclive curves under plots/teach/train/mpe-<teacher>/seed-k/.
 """
 
-from common import log, stage_params  # isort: skip
-from teach_common import MPE_KEY, group_name, make_teacher, save_run, train_group  # isort: skip
+from common import log, open_live, stage_params  # isort: skip
+from teach_common import (MPE_KEY, group_name, log_iteration, make_teacher, save_run,  # isort: skip
+                          teacher_record, train_group)
 
 import functools
 import sys
 import time
 from pathlib import Path
-
-from dvclive import Live
 
 from llmrl.algos.teach_runs import train_spread_student
 from llmrl.config.teach import TeachParams
@@ -28,15 +27,8 @@ def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots
     run = f"mpe-{teacher_kind}-{seed}"
     teacher = make_teacher(MPE_KEY, teacher_kind, p.teacher, N_ACTIONS) if teacher_kind != "none" else None
     start, cpu_start = time.perf_counter(), time.process_time()
-    with Live(dir=str(plots / f"seed-{seed}"), save_dvc_exp=False, dvcyaml=None, report=None) as live:
-        def on_iteration(stats: dict) -> None:
-            live.step = stats["frames"]
-            for k, v in stats.items():
-                if k not in ("iteration", "frames"):
-                    live.log_metric(k, v)
-            live.next_step()
-
-        result = train_spread_student(teacher, m, seed, on_iteration=on_iteration)
+    with open_live(plots / f"seed-{seed}") as live:
+        result = train_spread_student(teacher, m, seed, on_iteration=log_iteration(live))
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     history = result.history
     returns = [h["train/return"] for h in history if "train/return" in h]
@@ -47,10 +39,7 @@ def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots
                "train_return_first": returns[0] if returns else None,
                "train_return_last": returns[-1] if returns else None,
                "train_return_curve": [(h["frames"], h["train/return"]) for h in history if "train/return" in h]}
-    if teacher is not None:
-        metrics["teacher_texts"] = dict(teacher.text_counts.most_common())
-        if hasattr(teacher.planner, "stats"):
-            metrics["llm"] = teacher.planner.stats()
+    metrics.update(teacher_record(teacher))
     save_run(seed, result.agent, metrics, models=models, records=records, ppo=m.ppo.model_dump(),
              n_agents=m.n_agents)
     log.info("%s: %d frames in %.0f s, train return %s → %s", run, metrics["frames"], seconds,

@@ -47,3 +47,25 @@ def test_a_failing_seed_fails_the_call():
         run_seeds(fail_on_two, [0, 1, 2, 3], workers=2)
     with pytest.raises(ValueError, match="workers"):
         run_seeds(fail_on_two, [0], workers=0)
+
+
+def write_seed(seed: int, *, models: Path, plots: Path) -> None:
+    if seed == 2:
+        raise RuntimeError("seed 2 broke")
+    (models / f"seed-{seed}.txt").write_text(f"model {seed}")
+    (plots / f"seed-{seed}.txt").write_text(f"curve {seed}")
+
+
+def test_seeds_into_folders_publish_together_or_not_at_all(tmp_path):
+    from llmrl.parallel import run_seeds_into
+
+    folders = {"models": tmp_path / "models" / "group", "plots": tmp_path / "plots" / "group"}
+    run_seeds_into(folders, write_seed, [0, 1], workers=1)
+    assert sorted(f.name for f in folders["models"].iterdir()) == ["seed-0.txt", "seed-1.txt"]
+    assert (folders["plots"] / "seed-1.txt").read_text() == "curve 1"
+    with pytest.raises(RuntimeError, match="seed 2 broke"):
+        run_seeds_into(folders, write_seed, [3, 2], workers=1)
+    # The failed item changed nothing: the previous seeds' folders stay whole, no temporary is left beside them.
+    assert sorted(f.name for f in folders["models"].iterdir()) == ["seed-0.txt", "seed-1.txt"]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["group"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["group"]

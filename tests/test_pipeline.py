@@ -147,6 +147,7 @@ def test_prefect_flow_runs_dag_in_order(tmp_path):
     nodes = read_dag(root)
     assert [n.name for n in nodes] == ["prepare", "train", "report"]
     assert [n.gpu for n in nodes] == [False, True, False]
+    assert [n.chain for n in nodes] == [3, 2, 1]  # the stages waiting on each, itself included: its priority
     assert [n.name for n in read_dag(root, ["train"])] == ["prepare", "train"]
     with pytest.raises(ValueError, match="unknown stage"):
         read_dag(root, ["nope"])
@@ -399,6 +400,31 @@ def test_core_slots_first_fit():
     assert events.index(("two", "start")) > events.index(("one-a", "end"))
     with pytest.raises(ValueError, match="cpus"):
         CoreSlots(0)
+
+
+def test_core_slots_serve_the_longer_chain_first():
+    import threading
+    import time
+
+    from pipelines.reproduce import CoreSlots
+
+    cores = CoreSlots(1)
+    started = []
+
+    def stage(name, priority, seconds):
+        with cores.hold(1, priority=priority):
+            started.append(name)
+            time.sleep(seconds)
+
+    threads = [threading.Thread(target=stage, args=a) for a in (("running", 0, 0.4), ("short-chain", 1, 0.05),
+                                                                 ("long-chain", 5, 0.05), ("same-chain", 5, 0.05))]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join(timeout=10)
+    # Behind the running stage: the higher priority first, equal priorities in arrival order.
+    assert started == ["running", "long-chain", "same-chain", "short-chain"]
 
 
 def test_core_slots_keep_large_stages_apart():

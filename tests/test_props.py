@@ -311,3 +311,21 @@ def test_headline_and_curve_from_runs():
     assert mean_curve([r["rows"] for r in runs]) == [{"episodes": 10, "best_return": 0.5},
                                                      {"episodes": 20, "best_return": 1.5},
                                                      {"episodes": 30, "best_return": 2.5}]
+
+
+def test_ppo_baseline_counts_every_training_episode_and_writes_no_log_folders(tmp_path, monkeypatch):
+    import tempfile
+
+    from llmrl.algos.props_ppo import evaluate_ppo, ppo_baseline
+    from llmrl.config.props import PPOBaselineParams
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where SB3 would put its SB3-<date> folders
+    models: list = []
+    p = PPOBaselineParams(n_steps=64, batch_size=32, n_epochs=1, net_arch=[8])
+    rows = list(ppo_baseline("cartpole", 0, 12, p, max_episode_steps=50, model_out=models))
+    assert rows[-1]["episodes"] >= 12 and rows[-1]["episodes"] - 12 < 2  # stopped at the budget
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(r["method"] == "ppo" and r["seed"] == 0 for r in rows)
+    returns = evaluate_ppo(models[0], "cartpole", [1, 2], max_episode_steps=50)
+    assert returns.shape == (2,) and (returns > 0).all()
+    assert not list(tmp_path.glob("SB3-*"))

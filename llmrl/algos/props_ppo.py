@@ -46,12 +46,15 @@ def ppo_baseline(
     """Train SB3 PPO until ``budget_episodes`` episodes finished; the trained model goes to ``model_out``."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
 
     t = task if isinstance(task, ControlTask) else get_task(task)
     env = _SeededResets(make_control_env(t, max_episode_steps=max_episode_steps), seed * SEED_STRIDE)
     model = PPO("MlpPolicy", env, learning_rate=p.learning_rate, n_steps=p.n_steps, batch_size=p.batch_size,
                 n_epochs=p.n_epochs, gamma=p.gamma, policy_kwargs={"net_arch": list(p.net_arch)}, seed=seed,
                 device="cpu", verbose=0)
+    # Rows go out through the callback; without a logger of its own every learn() call makes a /tmp/SB3-* folder.
+    model.set_logger(Logger(folder=None, output_formats=[]))
     rows: list[dict] = []
 
     class Budget(BaseCallback):

@@ -26,21 +26,11 @@ def _register_all() -> None:
 
 
 class QuietReset(gym.Wrapper):
-    """Keep BabyAI's level-generation chatter ("Sampling rejected: ...", printed to stdout) out of logs.
-
-    The count of swallowed lines is kept in ``rejected_samples`` for anyone who wants it.
-    """
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.rejected_samples = 0
+    """Keep BabyAI's level-generation chatter ("Sampling rejected: ...", printed to stdout) out of logs."""
 
     def reset(self, **kwargs):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            out = self.env.reset(**kwargs)
-        self.rejected_samples += buf.getvalue().count("Sampling rejected")
-        return out
+        with contextlib.redirect_stdout(io.StringIO()):
+            return self.env.reset(**kwargs)
 
 
 def make_env(env_id: str, seed: int | None = None, **kwargs) -> gym.Env:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -48,7 +48,6 @@ class Generation:
     text: str  # reply, cut before the first stop string
     finish_reason: str  # "stop" (stop string or end-of-turn) or "length"
     n_tokens: int
-    meta: dict = field(default_factory=dict)
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

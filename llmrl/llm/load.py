@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,15 +57,10 @@ class LLM:
     spec: str
     device: torch.device
     dtype: torch.dtype
-    extra: dict = field(default_factory=dict)
 
     @property
     def is_chat(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
-
-    @property
-    def name(self) -> str:
-        return self.spec
 
     def render(self, prompt: str | list[dict], *, raw: bool = False) -> str:
         """The exact text fed to the model.
