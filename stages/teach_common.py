@@ -53,21 +53,28 @@ def task_kind(key: str) -> TaskKind:
     return ENV_KIND[env_id(key)]
 
 
+def _spec(spec: str) -> str:
+    return str(ROOT / spec) if (ROOT / spec).is_dir() else spec
+
+
 def _backend_factory(p: TeachTeacherParams):
     if p.backend == "openai":
-        from llmrl.llm.backends import OpenAIChatBackend
+        from llmrl.llm.backends import openai_backend
+        from llmrl.llm.load import load_tokenizer
+
+        def remote():
+            tokenizer = load_tokenizer(_spec(p.spec)) if p.openai_api == "completions" else None
+            return openai_backend(p.openai_api, p.openai_model, p.openai_base_url, tokenizer=tokenizer,
+                                  api_key_env=p.api_key_env, timeout_s=p.timeout_s, max_retries=p.max_retries)
 
         # The endpoint's URL is not part of the identity (nor of the reply-cache keys): the same model behind
         # another spelling of the URL replays the same cache.
-        return (f"openai:{p.openai_model}",
-                lambda: OpenAIChatBackend(p.openai_model, p.openai_base_url, api_key_env=p.api_key_env,
-                                          timeout_s=p.timeout_s, max_retries=p.max_retries))
+        return f"openai-{p.openai_api}:{p.openai_model}", remote
 
     def local():
         from llmrl.llm.load import load_model
 
-        spec = str(ROOT / p.spec) if (ROOT / p.spec).is_dir() else p.spec
-        return SharedPromptBackend(load_model(spec), batch_size=p.batch_size)
+        return SharedPromptBackend(load_model(_spec(p.spec)), batch_size=p.batch_size)
 
     return f"local-shared-prompt:{p.spec}", local
 

@@ -4,6 +4,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import uvicorn
@@ -13,11 +14,13 @@ from fastapi.responses import JSONResponse
 from llmrl.llm import (
     CachedBackend,
     CacheMissError,
+    LocalBackend,
     OpenAIChatBackend,
     ReplyCache,
     SamplingConfig,
     generate,
     load_model,
+    openai_backend,
     save_model,
 )
 from llmrl.llm.serve import build_app
@@ -203,3 +206,49 @@ def test_reply_cache_key_ignores_the_endpoint_spelling(served_model, tmp_path):
         other = url.replace("127.0.0.1", "localhost") + "/"
         second = CachedBackend(OpenAIChatBackend("tiny", other), ReplyCache(tmp_path), offline=True)
         assert second.generate(prompts, sampling) == a and second.stats.hits == 1
+
+
+def test_one_prompt_on_every_backend(served_model):
+    """An answer prefix (a partial assistant turn) reaches the model as the same text locally, through
+    /v1/completions (rendered here) and through /v1/chat/completions (continue_final_message): same seed,
+    same replies, so the same parse rates."""
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=5)
+    prompts = [[{"role": "user", "content": f"Agent sees <{obj}>. Plan?"}, {"role": "assistant", "content": "Action: {"}]
+               for obj in ("key", "door", "goal")]
+    # One prompt per call with the seed the endpoints use for position i (a local batch shares one RNG stream).
+    local = [LocalBackend(served_model).generate([p], replace(sampling, seed=sampling.seed + i))[0]
+             for i, p in enumerate(prompts)]
+    with _Server(build_app(served_model, "tiny-served")) as url:
+        completions = openai_backend("completions", "tiny-served", url, tokenizer=served_model.tokenizer)
+        by_completions = completions.generate(prompts, sampling)
+        by_chat = openai_backend("chat", "tiny-served", url).generate(prompts, sampling)
+    assert [g.prompt for g in by_completions] == [g.prompt for g in local]  # the rendered text itself
+    assert all(g.prompt.endswith("Action: {") for g in local)  # the prefix continued, not closed
+    assert [g.text for g in by_completions] == [g.text for g in local]
+    assert [g.text for g in by_chat] == [g.text for g in local]
+    assert not any(g.prefix_repeated for g in by_chat)
+    assert completions.model_id == "openai-completions:tiny-served"
+
+
+def test_completions_api_needs_the_served_models_tokenizer():
+    with pytest.raises(ValueError, match="tokenizer"):
+        openai_backend("completions", "m", "http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match="'completions' or 'chat'"):
+        openai_backend("responses", "m", "http://127.0.0.1:9/v1")
+
+
+def test_a_repeated_prefix_is_cut_and_recorded():
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    def chat(body: dict):
+        assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": " Action: {go to key}"},
+                             "finish_reason": "stop"}]}
+
+    prompt = [{"role": "user", "content": "Plan?"}, {"role": "assistant", "content": "Action: {"}]
+    with _Server(app) as url:
+        gen = OpenAIChatBackend("m", url, max_retries=0).generate([prompt], SamplingConfig(max_new_tokens=8))[0]
+    assert gen.text == "go to key}"
+    assert gen.prefix_repeated

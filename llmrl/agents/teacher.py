@@ -477,15 +477,19 @@ class LLMPlanner:
         except LLM_FAULTS as err:  # a failing LLM is data: every reply of this query is an error record
             replies = [PlanReply("error", "", f"{type(err).__name__}: {err}")] * self.n_ask
             rendered = ""
+            repeated = 0
         except CacheMissError as err:  # an offline run whose reply cache lacks this text: fail, naming it
             raise CacheMissError(f"{err.args[0] if err.args else err} (planner text {text!r}; re-run "
                                  "teach_plans to fill the reply cache)") from err
         else:
             replies = [parse_reply(self.answer_prefix + g.text, self.kind) for g in gens]
             rendered = gens[0].prompt if gens else ""
+            # Replies of an endpoint that answered the prefix in a new turn instead of continuing it.
+            repeated = sum(g.prefix_repeated for g in gens)
         dist = PlanDistribution.from_replies(replies, self.fallback_plan)
         self.memo[text] = dist
         self.records.append({"text": text, "messages": prompt, "rendered_prompt": rendered,
+                             "prefix_repeated": repeated,
                              "replies": [asdict(r) for r in replies], "distribution": asdict(dist)})
         return dist
 

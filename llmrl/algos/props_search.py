@@ -46,7 +46,7 @@ from llmrl.algos.props_prompts import (
 )
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import ControlTask, get_task
-from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, OpenAIChatBackend, ReplyCache, llm_fault_types
+from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, ReplyCache, llm_fault_types, openai_backend
 from llmrl.llm.generate import SamplingConfig
 
 SEED_STRIDE = 1_000_000
@@ -151,9 +151,7 @@ def build_optimizer_llm(
 ) -> OptimizerLLM:
     """Backend from params: a local model (optionally with a peft adapter) or an OpenAI-compatible endpoint,
     wrapped in the content-addressed reply cache when ``cache_dir`` is given. ``llm`` reuses a loaded model."""
-    from transformers import AutoTokenizer
-
-    from llmrl.llm.load import load_model
+    from llmrl.llm.load import load_model, load_tokenizer
 
     adapter = str(adapter) if adapter else None
     if p.backend == "local":
@@ -171,9 +169,9 @@ def build_optimizer_llm(
     else:
         if adapter:
             raise ValueError("an adapter applies to a local model only (serve base+adapter behind the endpoint)")
-        backend = OpenAIChatBackend(p.model, p.base_url, api_key_env=p.api_key_env, max_retries=p.max_retries,
-                                    timeout_s=p.timeout_s)
-        tokenizer = llm.tokenizer if llm is not None else AutoTokenizer.from_pretrained(p.spec)
+        tokenizer = llm.tokenizer if llm is not None else load_tokenizer(p.spec)
+        backend = openai_backend(p.api, p.model, p.base_url, tokenizer=tokenizer, api_key_env=p.api_key_env,
+                                 max_retries=p.max_retries, timeout_s=p.timeout_s)
     if cache_dir is not None:
         backend = CachedBackend(backend, ReplyCache(cache_dir), offline=p.offline)
     return OptimizerLLM(backend, chat_token_counter(tokenizer), backend.model_id)

@@ -40,14 +40,19 @@ class PropsLLMParams(Section):
                                                                      "llmrl.llm.load; openai: any OpenAI-compatible "
                                                                      "chat endpoint")
     spec: str = Field("models/base_llm", description="local model spec (embedded:<name>, folder, hub name, tiny); "
-                                                      "for backend openai, the tokenizer used to measure prompt "
-                                                      "tokens")
+                                                      "for backend openai, the served model's tokenizer (prompt "
+                                                      "tokens; the text api 'completions' sends)")
     model: str | None = Field(None, description="backend openai: the endpoint's model name")
     base_url: str | None = Field(None, description="backend openai: e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key (never "
                                                            "the key itself)")
     timeout_s: float = Field(120.0, gt=0, description="backend openai: seconds per request")
     max_retries: int = Field(2, ge=0, description="backend openai: the openai client's retries on 429/5xx/timeouts")
+    api: Literal["completions", "chat"] = Field(
+        "completions", description="openai: 'completions' sends the prompt rendered here with spec's chat "
+        "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
+        "llmrl.llm.serve); 'chat' lets the server render it (hosted chat APIs; not every server continues an "
+        "answer prefix)")
     batch_size: int = Field(16, gt=0, description="local backend: prompts per generate() batch")
     offline: bool = Field(False, description="serve replies only from the reply cache; a miss is an error")
     max_new_tokens: int = Field(96, gt=0, description="reply length cap in tokens (the answer is one line)")

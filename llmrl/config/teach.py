@@ -16,12 +16,17 @@ class TeachTeacherParams(Section):
     backend: Literal["local", "openai"] = Field("local", description="local: load_model(spec) in-process; "
                                                 "openai: any OpenAI-compatible chat endpoint")
     spec: str = Field("models/base_llm", description="model spec for the local backend (folder, embedded:..., hub "
-                      "name, tiny)")
+                      "name, tiny); with backend openai and openai_api completions, the served model's tokenizer")
     openai_model: str = Field("", description="model name for the openai backend")
     openai_base_url: str = Field("", description="base URL for the openai backend")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
     timeout_s: float = Field(30.0, gt=0, description="openai: seconds one request may take")
     max_retries: int = Field(2, ge=0, description="openai: retries of a failed request (429, 5xx, timeouts)")
+    openai_api: Literal["completions", "chat"] = Field(
+        "completions", description="openai: 'completions' sends the prompt rendered here with spec's chat "
+        "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
+        "llmrl.llm.serve); 'chat' lets the server render it (hosted chat APIs; not every server continues an "
+        "answer prefix)")
     deadline_s: float | None = Field(1800.0, gt=0, description="teach_plans: seconds the whole planning pass may "
                                      "take (any backend); null: no deadline")
     max_error_rate: float = Field(0.1, ge=0, le=1, description="teach_plans fails (writing nothing) once LLM "

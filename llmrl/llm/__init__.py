@@ -6,7 +6,9 @@ from llmrl.llm.backends import (
     CacheMissError,
     LocalBackend,
     OpenAIChatBackend,
+    OpenAICompletionsBackend,
     ReplyCache,
+    openai_backend,
 )
 from llmrl.llm.generate import Generation, SamplingConfig, generate
 from llmrl.llm.load import LLM, LoraSettings, ModelSpecError, load_model, save_model
@@ -14,6 +16,6 @@ from llmrl.llm.score import CandidateScores, ScoreOutput, score, score_naive, sc
 
 __all__ = [
     "LLM", "Backend", "CachedBackend", "CacheMissError", "CandidateScores", "Generation", "LocalBackend",
-    "LoraSettings", "ModelSpecError", "OpenAIChatBackend", "ReplyCache", "SamplingConfig", "ScoreOutput",
-    "generate", "load_model", "save_model", "score", "score_naive", "score_tensors",
+    "LoraSettings", "ModelSpecError", "OpenAIChatBackend", "OpenAICompletionsBackend", "ReplyCache",
+    "SamplingConfig", "ScoreOutput", "generate", "load_model", "openai_backend", "save_model", "score", "score_naive", "score_tensors",
 ]

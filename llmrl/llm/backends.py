@@ -1,9 +1,9 @@
 """Text-generation backends behind one interface, and a content-addressed reply cache.
 
 ``Backend.generate(prompts, sampling) -> list[Generation]`` is all a method needs (teachers, optimisers,
-planners). ``LocalBackend`` runs a loaded model in-process; ``OpenAIChatBackend`` calls any
-OpenAI-compatible chat endpoint through the official ``openai`` client; ``CachedBackend`` wraps either and
-stores each reply on disk under the hash of (model, messages, sampling settings, seed), so a stage re-runs
+planners). ``LocalBackend`` runs a loaded model in-process; ``OpenAICompletionsBackend`` and
+``OpenAIChatBackend`` call OpenAI-compatible endpoints through the official ``openai`` client;
+``CachedBackend`` wraps any of them and stores each reply on disk under the hash of (model, messages, sampling settings, seed), so a stage re-runs
 offline with identical output.
 """
 
@@ -19,7 +19,7 @@ from typing import Protocol
 
 from llmrl.io import atomic_path
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
-from llmrl.llm.load import LLM
+from llmrl.llm.load import LLM, render_chat
 
 
 class Backend(Protocol):
@@ -62,62 +62,101 @@ def llm_fault_types() -> tuple[type[BaseException], ...]:
     return (TimeoutError, ConnectionError, openai.APIError, httpx.HTTPError)
 
 
-class OpenAIChatBackend:
-    """Any OpenAI-compatible ``/v1/chat/completions`` endpoint (OpenAI, vLLM, llama.cpp, ``llmrl.llm.serve``).
+class _OpenAIClient:
+    """The official ``openai`` client for one endpoint. The key is read from the environment variable
+    ``api_key_env`` only and never logged. Retries with exponential backoff on 429, 5xx, connection errors and
+    timeouts are the client's own (``max_retries``), which implements exactly that policy. The endpoint is not
+    part of ``model_id`` (nor of reply-cache keys): the same model served elsewhere replays the same cache."""
 
-    The key is read from the environment variable ``api_key_env`` only and never logged. Retries with
-    exponential backoff on 429, 5xx, connection errors and timeouts are the ``openai`` client's own
-    (``max_retries``), which implements exactly that policy.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        base_url: str,
-        *,
-        api_key_env: str = "OPENAI_API_KEY",
-        max_retries: int = 5,
-        timeout_s: float = 120.0,
-    ):
+    def __init__(self, model: str, base_url: str, *, api_key_env: str = "OPENAI_API_KEY", max_retries: int = 5,
+                 timeout_s: float = 120.0):
         import openai
 
         self.model = model
         self.base_url = base_url
-        # The endpoint is not part of the identity: the same model served elsewhere replays the same cache.
-        self.model_id = f"openai:{model}"
-        # Local servers need no key; the client insists on a non-empty string.
-        key = os.environ.get(api_key_env) or "no-key"
+        key = os.environ.get(api_key_env) or "no-key"  # local servers need no key; the client wants a string
         self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=max_retries, timeout=timeout_s)
+
+    def _request(self, sampling: SamplingConfig, i: int) -> dict:
+        kwargs = dict(model=self.model, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                      top_p=sampling.top_p, seed=sampling.seed + i)
+        if sampling.stop:
+            kwargs["stop"] = list(sampling.stop)
+        return kwargs
+
+    def _choice(self, resp):
+        if not getattr(resp, "choices", None):
+            raise MalformedReplyError(f"{self.base_url}: not a completion: {str(resp)[:120]!r}")
+        usage = getattr(resp, "usage", None)
+        return resp.choices[0], getattr(usage, "completion_tokens", 0) or 0
+
+
+class OpenAIChatBackend(_OpenAIClient):
+    """Any OpenAI-compatible ``/v1/chat/completions`` endpoint (OpenAI, vLLM, llama.cpp, ``llmrl.llm.serve``):
+    the server renders the conversation with its chat template.
+
+    A conversation that ends with a partial assistant turn (an answer prefix) must be continued, as the local
+    backend does, or the model answers another prompt. The request then carries vLLM's fields for that
+    (``continue_final_message``; ``llmrl.llm.serve`` honours them too), but not every server does:
+    llama-cpp-python's starts a new turn (measured: SmolLM2's teacher replies 100 % invalid, against 37-40 %
+    locally). A reply that begins with the prefix again is cut and ``prefix_repeated`` records it. Where the
+    served model's tokenizer is at hand, ``OpenAICompletionsBackend`` sends the same text as the local backend.
+    """
+
+    def __init__(self, model: str, base_url: str, **client):
+        super().__init__(model, base_url, **client)
+        self.model_id = f"openai-chat:{model}"
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
         out = []
         for i, prompt in enumerate(prompts):
             messages = as_messages(prompt)
-            kwargs = dict(
-                model=self.model,
-                messages=messages,
-                max_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                seed=sampling.seed + i,
-            )
-            if sampling.stop:
-                kwargs["stop"] = list(sampling.stop)
-            resp = self.client.chat.completions.create(**kwargs)
-            if not getattr(resp, "choices", None):
-                raise MalformedReplyError(f"{self.base_url}: not a chat completion: {str(resp)[:120]!r}")
-            choice = resp.choices[0]
+            kwargs = self._request(sampling, i)
+            prefix = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
+            if prefix:
+                kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
+            choice, n_tokens = self._choice(self.client.chat.completions.create(messages=messages, **kwargs))
             text, _ = truncate_at_stop(choice.message.content or "", sampling.stop)
-            usage = getattr(resp, "usage", None)
-            out.append(
-                Generation(
-                    prompt=json.dumps(messages),
-                    text=text,
-                    finish_reason=choice.finish_reason or "stop",
-                    n_tokens=getattr(usage, "completion_tokens", 0) or 0,
-                )
-            )
+            repeated = bool(prefix.strip()) and text.lstrip().startswith(prefix.strip())
+            if repeated:  # a new turn that wrote the prefix again
+                text = text.lstrip()[len(prefix.strip()):]
+            out.append(Generation(prompt=json.dumps(messages), text=text, finish_reason=choice.finish_reason or "stop",
+                                  n_tokens=n_tokens, prefix_repeated=repeated))
         return out
+
+
+class OpenAICompletionsBackend(_OpenAIClient):
+    """An OpenAI-compatible ``/v1/completions`` endpoint (vLLM, llama.cpp's llama-server, llama-cpp-python,
+    ``llmrl.llm.serve``) sent the conversation rendered here with the served model's own ``tokenizer``:
+    byte for byte the text ``LocalBackend`` feeds the model, answer prefix continued, whichever server runs it.
+    Chat-only hosted APIs need ``OpenAIChatBackend``."""
+
+    def __init__(self, model: str, base_url: str, tokenizer, **client):
+        super().__init__(model, base_url, **client)
+        self.tokenizer = tokenizer
+        self.model_id = f"openai-completions:{model}"
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            rendered = render_chat(self.tokenizer, prompt)
+            choice, n_tokens = self._choice(self.client.completions.create(prompt=rendered,
+                                                                           **self._request(sampling, i)))
+            text, _ = truncate_at_stop(choice.text or "", sampling.stop)
+            out.append(Generation(prompt=rendered, text=text, finish_reason=choice.finish_reason or "stop",
+                                  n_tokens=n_tokens))
+        return out
+
+
+def openai_backend(api: str, model: str, base_url: str, *, tokenizer=None, **client):
+    """``api="completions"`` (the prompt rendered here by ``tokenizer``) or ``"chat"`` (rendered by the server)."""
+    if api == "completions":
+        if tokenizer is None:
+            raise ValueError("openai api 'completions' renders prompts here: it needs the served model's tokenizer")
+        return OpenAICompletionsBackend(model, base_url, tokenizer, **client)
+    if api == "chat":
+        return OpenAIChatBackend(model, base_url, **client)
+    raise ValueError(f"openai api must be 'completions' or 'chat', not {api!r}")
 
 
 class CacheMissError(KeyError):

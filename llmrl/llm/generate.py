@@ -48,6 +48,8 @@ class Generation:
     text: str  # reply, cut before the first stop string
     finish_reason: str  # "stop" (stop string or end-of-turn) or "length"
     n_tokens: int
+    # OpenAI-compatible endpoints: the server answered an answer prefix in a new turn and wrote it again (cut)
+    prefix_repeated: bool = False
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

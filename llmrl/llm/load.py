@@ -72,11 +72,17 @@ class LLM:
             return prompt
         if not self.is_chat:
             raise ValueError(f"model {self.spec!r} has no chat template; pass plain strings")
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if messages and messages[-1]["role"] == "assistant":
-            # A partial assistant turn is continued rather than closed (LLM_RL's stepwise solutions).
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chat(self.tokenizer, prompt)
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict]) -> str:
+    """A conversation as text under ``tokenizer``'s chat template, ready for the model to continue: a plain
+    string is one user message; a final assistant turn (an answer prefix) is continued rather than closed
+    (LLM_RL's stepwise solutions, the teacher's and ProPS's answer prefixes), else the generation prompt follows."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if messages and messages[-1]["role"] == "assistant":
+        return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def default_device_dtype(device: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
@@ -186,6 +192,21 @@ def _names_a_local_path(spec: str) -> bool:
     parts = Path(spec).parts
     return (spec.startswith((".", "/", "~")) or len(parts) > 2
             or (len(parts) == 2 and Path(parts[0]).is_dir()))
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    """The tokenizer (and chat template) of a model spec, without its weights: what an OpenAI-compatible
+    completions endpoint serving that model needs to be sent the text the local backend would feed it."""
+    if spec.startswith("embedded:"):
+        gguf = _embedded_gguf(spec.split(":", 1)[1])
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if spec == "tiny" or spec.startswith("tiny:"):
+        return build_tiny(int(spec.split(":", 1)[1]) if ":" in spec else 0)[1]
+    if Path(spec).is_dir():
+        return AutoTokenizer.from_pretrained(spec)
+    if Path(spec).exists() or _names_a_local_path(spec):
+        raise ModelSpecError(f"model spec {spec!r} is a path but not a model folder")
+    return AutoTokenizer.from_pretrained(spec)  # hub name
 
 
 def load_model(
