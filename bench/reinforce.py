@@ -71,6 +71,8 @@ def main() -> None:
         iterations=BATCHES + 1, problems_per_iteration=PROBLEMS, group_size=GROUP, micro_batch=PROBLEMS * GROUP,
         answer_tokens=NEW_TOKENS, line_tokens=NEW_TOKENS, lr=1e-4, temperature=1.0,
         lora=LoraParams(r=LORA.r, alpha=LORA.alpha, dropout=LORA.dropout)), GRPOParams())
+    # TRL's own scoring is the reference here (bench/grpo_prefix.py measures the shared-prefix trainer).
+    trl_cfg = trl_cfg.model_copy(update={"share_prompt_prefix": False, "gradient_checkpointing": True})
     timer = StepTimer()
     record: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,9 +5,11 @@ Every stage lists this file as a dependency in dvc.yaml.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +33,7 @@ log = logging.getLogger("llmrl.stage")
 def stage_params(section: str, model, params_file: str | os.PathLike = ROOT / "params.yaml"):
     """The validated params section; on invalid params print the key paths and exit 2 before any write."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "urllib3", "filelock"):
+    for noisy in ("httpx", "httpx2", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return load_section(read_params(params_file), section, model)
@@ -40,9 +42,16 @@ def stage_params(section: str, model, params_file: str | os.PathLike = ROOT / "p
         raise SystemExit(2) from None
 
 
-def open_live(folder: str | os.PathLike):
+@contextlib.contextmanager
+def open_live(folder: str | os.PathLike) -> Iterator:
     """A dvclive logger writing curves and plots under ``folder`` only: the pipeline's dvc.yaml declares them,
-    so dvclive writes no dvc.yaml, report or experiment of its own."""
+    so dvclive writes no dvc.yaml, report or experiment of its own. It writes into a temporary sibling that
+    replaces ``folder`` when the block ends without an error: a killed or failed stage leaves the previous
+    run's curves beside the previous run's models and metrics."""
     from dvclive import Live
 
-    return Live(dir=str(folder), save_dvc_exp=False, dvcyaml=None, report=None)
+    from llmrl.io import atomic_path
+
+    with atomic_path(folder, is_dir=True) as tmp, Live(dir=str(tmp), save_dvc_exp=False, dvcyaml=None,
+                                                     report=None) as live:
+        yield live

@@ -52,3 +52,47 @@ def test_grpo_rejects_split_groups():
     with pytest.raises(ValueError, match="multiple of group_size"):
         ReinforceTrainParams(common=_common(problems_per_iteration=2, group_size=4, micro_batch=2),
                              reinforce_kl=ReinforceKLParams(), grpo=GRPOParams())
+
+
+def test_shared_prefix_log_probs_equal_trls_own(tmp_path):
+    """The trainer's per-token log-probs and entropies with the shared prompt prefix computed once equal TRL's
+    whole-prompt ones on a left-padded batch of prompts that share a few-shot prefix, gradients included."""
+    import torch
+
+    from trl import GRPOTrainer
+
+    llm = load_model("tiny")
+    cfg = trainer_params(_common(temperature=0.7), GRPOParams())
+    assert cfg.share_prompt_prefix and not cfg.gradient_checkpointing
+    run = build_trainer(llm, PROBLEMS[1:], PROBLEMS[:1], cfg, output_dir=tmp_path, record=[])
+    trainer, tok = run.trainer, llm.tokenizer
+    assert type(trainer).__name__ == "SharedPrefixGRPOTrainer"
+    prompts = [tok.apply_chat_template(build_messages(p["problem"] + " Think." * i, PROBLEMS[:1]), tokenize=False,
+                                       add_generation_prompt=True) for i, p in enumerate(PROBLEMS[1:4])]
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert (enc["attention_mask"] == 0).any()  # rows of different lengths: real left padding
+    completion = torch.randint(5, 200, (3, 5))
+    ids = torch.cat([enc["input_ids"], completion], dim=1)
+    mask = torch.cat([enc["attention_mask"], torch.ones_like(completion)], dim=1)
+    model = trainer.model
+
+    def run_both(fn):
+        model.zero_grad()
+        lp, ent, _ = fn(trainer, model, ids, mask, 5, compute_entropy=True)
+        lp.sum().backward()
+        return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    ours = run_both(type(trainer)._get_per_token_logps_and_entropies)
+    trls = run_both(GRPOTrainer._get_per_token_logps_and_entropies)
+    torch.testing.assert_close(ours[0], trls[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours[1], trls[1], atol=1e-4, rtol=1e-4)
+    for a, b in zip(ours[2], trls[2]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_shared_prefix_and_checkpointing_exclude_each_other():
+    from llmrl.config.grpo import GRPOTrainParams
+
+    with pytest.raises(ValueError, match="share_prompt_prefix and gradient_checkpointing"):
+        GRPOTrainParams(share_prompt_prefix=True, gradient_checkpointing=True)

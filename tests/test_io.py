@@ -1,6 +1,10 @@
 """Atomic writes and byte-stable model files."""
 
 import hashlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,3 +48,31 @@ def test_plain_torch_save_through_a_temporary_differs(tmp_path):
     with atomic_path(tmp_path / "b.pt") as tmp:
         torch.save(state, tmp)
     assert (tmp_path / "a.pt").read_bytes() != (tmp_path / "b.pt").read_bytes()
+
+
+def _run_stage_code(code: str, cwd) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(root / 'stages')!r}); {code}"],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_a_killed_stage_leaves_the_previous_runs_curves(tmp_path):
+    """open_live publishes a stage's dvclive folder only when its block ends: a run killed with SIGKILL, or one
+    that fails, leaves the previous run's curves whole; a finished run replaces them."""
+    folder = tmp_path / "plots" / "curves"
+    folder.mkdir(parents=True)
+    (folder / "previous.tsv").write_text("step\tx\n0\t1\n")
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    log_and = ("from common import open_live\n"
+               f"with open_live({str(folder)!r}) as live:\n"
+               "    for i in range(3):\n"
+               "        live.log_metric('x', i); live.next_step()\n"
+               "    {end}\n")
+    killed = _run_stage_code(log_and.format(end="import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    failed = _run_stage_code(log_and.format(end="raise RuntimeError('bug')"), tmp_path)
+    assert failed.returncode == 1 and "RuntimeError" in failed.stderr
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    done = _run_stage_code(log_and.format(end="pass"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (folder / "previous.tsv").exists() and (folder / "plots" / "metrics" / "x.tsv").is_file()

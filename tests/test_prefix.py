@@ -65,3 +65,17 @@ def test_suffix_logprobs_match_full_forward_and_carry_gradients():
         torch.testing.assert_close(lp[i, : len(r) - batch.P].detach(), ref, atol=1e-5, rtol=1e-5)
     (lp * batch.suffix_mask).sum().backward()
     assert llm.model.model.layers[0].self_attn.k_proj.weight.grad.abs().sum() > 0
+
+
+def test_local_backend_with_a_shared_prefix_replies_as_the_plain_one():
+    from llmrl.llm import LocalBackend
+
+    llm = load_model("tiny:7")
+    chats = [[{"role": "system", "content": "You tune parameters. " * 10},
+              {"role": "user", "content": f"History: {i}, {i * 3}."}, {"role": "assistant", "content": "params[0]:"}]
+             for i in range(4)]
+    sampling = SamplingConfig(max_new_tokens=8, temperature=0, stop=("\n",))
+    shared, plain = LocalBackend(llm, 4, shared_prefix=True), LocalBackend(llm, 4)
+    ours, ref = shared.generate(chats, sampling), plain.generate(chats, sampling)
+    assert [(g.prompt, g.text, g.finish_reason) for g in ours] == [(g.prompt, g.text, g.finish_reason) for g in ref]
+    assert shared.model_id != plain.model_id  # sampled replies differ in their random stream: other cache keys

@@ -14,6 +14,8 @@ What this adds to TRL, and why:
   the device has it, checkpointing only when asked).
 - The defaults that matter (``learning_rate``, ``loss_type``, ``beta``) are always passed explicitly.
 - TRL's ``train()`` returns only at the end; ``train`` turns its log calls into a stream of rows.
+- TRL runs each row's whole prompt through the model to score its completion; with ``share_prompt_prefix`` a
+  micro-batch's common prompt prefix runs once (``shared_prefix_grpo_trainer``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,38 @@ class GRPORun:
     prompts: int
 
 
+def shared_prefix_grpo_trainer():
+    """``trl.GRPOTrainer`` scoring completions with the micro-batch's common prompt prefix computed once
+    (``llmrl.llm.prefix.completion_logprobs``). TRL runs every row's whole prompt through the model for the
+    old-policy and the training log-probs; a few-shot math prompt is ~3/4 shared, so that is most of its time
+    on CPU. Same log-probs and entropies as TRL's own (tested); text-only models (images take TRL's path)."""
+    from trl import GRPOTrainer
+
+    from llmrl.llm.prefix import completion_logprobs
+
+    class SharedPrefixGRPOTrainer(GRPOTrainer):
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **vision):
+            if compute_aux_loss or any(v is not None for v in vision.values()):
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **vision)
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies = [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                with self.accelerator.autocast():
+                    lp, ent = completion_logprobs(model, input_ids[start:start + batch_size],
+                                                  attention_mask[start:start + batch_size], logits_to_keep,
+                                                  pad_id=self.processing_class.pad_token_id, temperature=self.temperature,
+                                                  entropy=compute_entropy)
+                logps.append(lp)
+                entropies.append(ent)
+            return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    return SharedPrefixGRPOTrainer
+
+
 def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[RewardFunc], cfg: GRPOTrainParams,
                        output_dir: str | os.PathLike) -> GRPORun:
     """A ``trl.GRPOTrainer`` over ``dataset`` (a ``datasets.Dataset`` with a ``prompt`` column of chats or
@@ -184,7 +218,8 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
         report_to="none",
         disable_tqdm=True,
     )
-    trainer = GRPOTrainer(
+    trainer_class = shared_prefix_grpo_trainer() if cfg.share_prompt_prefix else GRPOTrainer
+    trainer = trainer_class(
         model=llm.model,
         reward_funcs=list(reward_funcs) if isinstance(reward_funcs, Sequence) else reward_funcs,
         args=args,

@@ -162,8 +162,8 @@ def build_optimizer_llm(
 
                 llm.model = PeftModel.from_pretrained(llm.model, adapter)
                 llm.model.eval()
-        backend: Backend = LocalBackend(llm, batch_size=p.batch_size)
-        backend.model_id = f"local:{p.spec}" + (f"+{adapter}" if adapter else "") + \
+        backend: Backend = LocalBackend(llm, batch_size=p.batch_size, shared_prefix=True)
+        backend.model_id = f"{backend.model_id.split(':')[0]}:{p.spec}" + (f"+{adapter}" if adapter else "") + \
             f"@{_model_fingerprint(p.spec, adapter)}"
         tokenizer = llm.tokenizer
     else:
@@ -239,16 +239,21 @@ def props_search(
                     break
                 sampling = sampling_for(llm_params, it, attempt)
                 try:
-                    gens = optimizer.backend.generate(
-                        [_with_prefix(convs[i], llm_params.answer_prefix) for i in pending], sampling)
+                    # One call per method: its seeds' prompts share the template, which a shared-prefix local
+                    # backend computes once.
+                    gens = {}
+                    for group in ([i for i in pending if states[i].method == m] for m in methods):
+                        if group:
+                            gens.update(zip(group, optimizer.backend.generate(
+                                [_with_prefix(convs[i], llm_params.answer_prefix) for i in group], sampling)))
                 except LLM_FAULTS as err:
                     for i in pending:
                         states[i].faults += 1
                         recs[i]["exchanges"].append({"attempt": attempt, "fault": f"{type(err).__name__}: {err}"})
                     break
                 still = []
-                for i, gen in zip(pending, gens):
-                    st = states[i]
+                for i in pending:
+                    st, gen = states[i], gens[i]
                     st.llm_calls += 1
                     st.tokens += gen.n_tokens
                     st.prompt_tokens += optimizer.count_tokens(convs[i])

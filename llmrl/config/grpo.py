@@ -50,6 +50,9 @@ class GRPOTrainParams(Section):
                                          "always off on CPU")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (saves "
                                                             "memory, costs time; TRL's default is on)")
+    share_prompt_prefix: bool = Field(True, description="score completions with the micro-batch's common "
+                                                        "prompt prefix computed once (same log-probs as TRL's; "
+                                                        "incompatible with gradient_checkpointing)")
     lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter attached by TRL "
                                                                                 "(None: full fine-tune)")
 
@@ -63,6 +66,14 @@ class GRPOTrainParams(Section):
             if not 0 <= lora.dropout < 1:
                 raise ValueError(f"lora.dropout must be in [0, 1), got {lora.dropout}")
         return lora
+
+    @model_validator(mode="after")
+    def _prefix_cache_without_recomputation(self):
+        # A checkpointed layer re-runs its forward in the backward pass and would append to the prefix KV cache again.
+        if self.share_prompt_prefix and self.gradient_checkpointing:
+            raise ValueError("share_prompt_prefix and gradient_checkpointing cannot both be on (the recomputed "
+                             "forward would extend the shared prefix's KV cache twice)")
+        return self
 
     @model_validator(mode="after")
     def _groups_stay_whole(self):

@@ -20,6 +20,7 @@ from typing import Protocol
 from llmrl.io import atomic_path
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
 from llmrl.llm.load import LLM, render_chat
+from llmrl.llm.prefix import generate_shared_prefix
 
 
 class Backend(Protocol):
@@ -33,14 +34,20 @@ def as_messages(prompt: Prompt) -> list[dict]:
 
 
 class LocalBackend:
-    """A model loaded in this process (chat template applied by ``generate``)."""
+    """A model loaded in this process (chat template applied). With ``shared_prefix`` a batch's common prompt
+    prefix is computed once (``llmrl.llm.prefix``): the same distribution, another random stream, so another
+    ``model_id`` (and reply-cache keys)."""
 
-    def __init__(self, llm: LLM, batch_size: int = 8):
+    def __init__(self, llm: LLM, batch_size: int = 8, *, shared_prefix: bool = False):
         self.llm = llm
         self.batch_size = batch_size
-        self.model_id = f"local:{llm.spec}"
+        self.shared_prefix = shared_prefix
+        self.model_id = f"{'local-shared-prefix' if shared_prefix else 'local'}:{llm.spec}"
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        if self.shared_prefix:
+            return generate_shared_prefix(self.llm, [self.llm.render(p) for p in prompts], sampling,
+                                          batch_size=self.batch_size)
         return generate(self.llm, list(prompts), sampling, batch_size=self.batch_size)
 
 

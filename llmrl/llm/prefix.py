@@ -93,6 +93,35 @@ def suffix_token_logprobs(model, batch: PrefixBatch) -> torch.Tensor:
     return torch.cat([first, logp_rest], dim=1)
 
 
+def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int, *, pad_id: int,
+                        temperature: float = 1.0, entropy: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, k] (and entropies) of the last ``k`` tokens of every row, at ``temperature``, with the
+    rows' common prompt prefix computed once. The layout is TRL's: ``[left-padded prompt | completion]``, the
+    prompt's padding marked 0 in ``attention_mask``; the ``k`` completion columns are all scored (positions
+    after an end of sequence are the caller's to mask). Equal to a per-row full forward (tested against TRL's).
+    Differentiable through the shared prefix."""
+    B, L = input_ids.shape
+    keep = attention_mask[:, : L - k].bool()
+    prompt_len = keep.sum(1)
+    rows = [torch.cat([ids[: L - k][m], ids[L - k:]]).tolist() for ids, m in zip(input_ids, keep)]
+    # Every row keeps at least its last prompt token in the suffix: that position predicts the completion.
+    batch = split_prefix(rows, pad_id, input_ids.device, max_prefix=int(prompt_len.min()) - 1)
+    S, P = batch.suffix.shape[1], batch.P
+    cache, _ = _prefix_cache(model, batch.prefix, B)
+    mask = torch.cat([torch.ones((B, P), dtype=torch.long, device=input_ids.device), batch.suffix_mask], dim=1)
+    pos = P + torch.arange(S, device=input_ids.device)[None].expand(B, S)
+    logits = model(input_ids=batch.suffix, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                   use_cache=P > 0).logits
+    # Row i's completion token j is predicted at suffix position (prompt_len_i - P - 1 + j).
+    at = (prompt_len - P - 1)[:, None] + torch.arange(k, device=input_ids.device)[None]
+    picked = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])).float() / temperature
+    logp_all = F.log_softmax(picked, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, L - k:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    return logp, ent
+
+
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     if top_p >= 1.0:
         return logits
