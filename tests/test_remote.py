@@ -145,6 +145,7 @@ def _failing_app(kind: str):
 
     app = FastAPI()
 
+    @app.post("/v1/completions")
     @app.post("/v1/chat/completions")
     def chat():
         if kind == "500":
@@ -154,15 +155,17 @@ def _failing_app(kind: str):
     return app
 
 
+@pytest.mark.parametrize("api", ["completions", "chat"])
 @pytest.mark.parametrize("fault", ["hang", "500", "html"])
-def test_outage_fails_the_planning_pass_within_its_bounds(fault, tmp_path):
+def test_outage_fails_the_planning_pass_within_its_bounds(fault, api, tmp_path, tiny_llm):
     """A hung, failing or garbage-answering endpoint ends `plan_texts` with LLMOutageError, in bounded time,
-    with nothing written to the reply cache (the outage is never cached as the teacher)."""
+    with nothing written to the reply cache (the outage is never cached as the teacher), through either API."""
     from llmrl.agents.teacher import LLMOutageError, LLMPlanner, observation_texts, plan_texts
 
     server = _SilentServer() if fault == "hang" else _Server(_failing_app(fault))
     with server as url:
-        backend = CachedBackend(OpenAIChatBackend("tiny", url, timeout_s=0.5, max_retries=1), ReplyCache(tmp_path))
+        remote = openai_backend(api, "tiny", url, tokenizer=tiny_llm.tokenizer, timeout_s=0.5, max_retries=1)
+        backend = CachedBackend(remote, ReplyCache(tmp_path))
         planner = LLMPlanner("doorkey", backend, n_ask=2, sampling=SamplingConfig(max_new_tokens=4, seed=0))
         texts = observation_texts("doorkey")
         t0 = time.perf_counter()
@@ -213,8 +216,8 @@ def test_one_prompt_on_every_backend(served_model):
     /v1/completions (rendered here) and through /v1/chat/completions (continue_final_message): same seed,
     same replies, so the same parse rates."""
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=5)
-    prompts = [[{"role": "user", "content": f"Agent sees <{obj}>. Plan?"}, {"role": "assistant", "content": "Action: {"}]
-               for obj in ("key", "door", "goal")]
+    prompts = [[{"role": "user", "content": f"Agent sees <{obj}>. Plan?"},
+                {"role": "assistant", "content": "Action: {"}] for obj in ("key", "door", "goal")]
     # One prompt per call with the seed the endpoints use for position i (a local batch shares one RNG stream).
     local = [LocalBackend(served_model).generate([p], replace(sampling, seed=sampling.seed + i))[0]
              for i, p in enumerate(prompts)]

@@ -164,8 +164,8 @@ def shared_prefix_grpo_trainer():
                 with self.accelerator.autocast():
                     lp, ent = completion_logprobs(model, input_ids[start:start + batch_size],
                                                   attention_mask[start:start + batch_size], logits_to_keep,
-                                                  pad_id=self.processing_class.pad_token_id, temperature=self.temperature,
-                                                  entropy=compute_entropy)
+                                                  pad_id=self.processing_class.pad_token_id,
+                                                  temperature=self.temperature, entropy=compute_entropy)
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None

@@ -163,7 +163,7 @@ def build_optimizer_llm(
                 llm.model = PeftModel.from_pretrained(llm.model, adapter)
                 llm.model.eval()
         backend: Backend = LocalBackend(llm, batch_size=p.batch_size, shared_prefix=True)
-        backend.model_id = f"{backend.model_id.split(':')[0]}:{p.spec}" + (f"+{adapter}" if adapter else "") + \
+        backend.model_id = f"local-shared-prefix:{p.spec}" + (f"+{adapter}" if adapter else "") + \
             f"@{_model_fingerprint(p.spec, adapter)}"
         tokenizer = llm.tokenizer
     else:

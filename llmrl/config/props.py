@@ -37,8 +37,8 @@ class PropsSpaceParams(Section):
 
 class PropsLLMParams(Section):
     backend: Literal["local", "openai"] = Field("local", description="local: a model loaded in-process by "
-                                                                     "llmrl.llm.load; openai: any OpenAI-compatible "
-                                                                     "chat endpoint")
+                                                                     "llmrl.llm.load; openai: an OpenAI-compatible "
+                                                                     "endpoint (api)")
     spec: str = Field("models/base_llm", description="local model spec (embedded:<name>, folder, hub name, tiny); "
                                                       "for backend openai, the served model's tokenizer (prompt "
                                                       "tokens; the text api 'completions' sends)")

@@ -14,7 +14,7 @@ TeacherKind = Literal["llm", "oracle", "none"]
 
 class TeachTeacherParams(Section):
     backend: Literal["local", "openai"] = Field("local", description="local: load_model(spec) in-process; "
-                                                "openai: any OpenAI-compatible chat endpoint")
+                                                "openai: an OpenAI-compatible endpoint (openai_api)")
     spec: str = Field("models/base_llm", description="model spec for the local backend (folder, embedded:..., hub "
                       "name, tiny); with backend openai and openai_api completions, the served model's tokenizer")
     openai_model: str = Field("", description="model name for the openai backend")

@@ -17,5 +17,6 @@ from llmrl.llm.score import CandidateScores, ScoreOutput, score, score_naive, sc
 __all__ = [
     "LLM", "Backend", "CachedBackend", "CacheMissError", "CandidateScores", "Generation", "LocalBackend",
     "LoraSettings", "ModelSpecError", "OpenAIChatBackend", "OpenAICompletionsBackend", "ReplyCache",
-    "SamplingConfig", "ScoreOutput", "generate", "load_model", "openai_backend", "save_model", "score", "score_naive", "score_tensors",
+    "SamplingConfig", "ScoreOutput", "generate", "load_model", "openai_backend", "save_model", "score",
+    "score_naive", "score_tensors",
 ]

@@ -3,8 +3,8 @@
 ``Backend.generate(prompts, sampling) -> list[Generation]`` is all a method needs (teachers, optimisers,
 planners). ``LocalBackend`` runs a loaded model in-process; ``OpenAICompletionsBackend`` and
 ``OpenAIChatBackend`` call OpenAI-compatible endpoints through the official ``openai`` client;
-``CachedBackend`` wraps any of them and stores each reply on disk under the hash of (model, messages, sampling settings, seed), so a stage re-runs
-offline with identical output.
+``CachedBackend`` wraps any of them and stores each reply on disk under the hash of (model, messages,
+sampling settings, seed), so a stage re-runs offline with identical output.
 """
 
 from __future__ import annotations

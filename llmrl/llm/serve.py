@@ -2,8 +2,9 @@
 ``/v1/chat/completions``).
 
 Lets teachers and optimisers run against a model on another machine or process through the same
-``OpenAICompletionsBackend`` / ``OpenAIChatBackend`` they use for other servers and hosted APIs. Run: ``python -m llmrl.llm.serve --model models/base_llm``.
-Binds 127.0.0.1 by default. Single-threaded generation: requests are served one at a time.
+``OpenAICompletionsBackend`` / ``OpenAIChatBackend`` they use for other servers and hosted APIs.
+Run: ``python -m llmrl.llm.serve --model models/base_llm``. Binds 127.0.0.1 by default. Single-threaded
+generation: requests are served one at a time.
 """
 
 from __future__ import annotations
