@@ -13,6 +13,8 @@ import importlib.metadata
 import os
 import platform
 
+from llmrl.kernels import cpu_flags
+
 _LIBRARIES = ("torch", "numpy", "transformers", "peft", "trl", "d3rlpy", "gymnasium", "minigrid", "metaworld",
               "mujoco", "stable-baselines3")
 
@@ -28,22 +30,19 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @functools.cache
 def cpu_supports_bf16() -> bool:
     """True where the CPU has native bf16 matrix instructions (AVX-512-BF16 or AMX-BF16)."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpu_isa(flags: set[str]) -> str:
+    """The CPU's widest x86 vector level (what ATen would pick unpinned), else the machine name."""
+    for flag, name in (("avx512f", "AVX512"), ("avx2", "AVX2")):
+        if flag in flags:
+            return name
+    return platform.machine()
 
 
 def _version(dist: str) -> str | None:
@@ -56,14 +55,16 @@ def _version(dist: str) -> str | None:
 def environment_fingerprint() -> dict:
     import torch
 
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return {
         "cpu": _cpu_model(),
-        "isa": torch.backends.cpu.get_cpu_capability(),
+        "isa": _cpu_isa(flags),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
         "bf16": cpu_supports_bf16(),
         "amx": "amx_tile" in flags,
         "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
         "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
         "threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
         "python": platform.python_version(),
@@ -75,8 +76,9 @@ def fingerprint_line() -> str:
     """e.g. ``AMD EPYC | AVX512 bf16 | 1 thread | torch 2.13.0 numpy 2.4.6``: one metrics field."""
     fp = environment_fingerprint()
     isa = fp["isa"] + (" bf16" if fp["bf16"] else "") + (" amx" if fp["amx"] else "")
-    if fp["aten_cpu_capability"]:
-        isa += f" (ATEN_CPU_CAPABILITY={fp['aten_cpu_capability']})"
+    pinned = [v for v in (fp["aten_cpu_capability"], fp["onednn_max_cpu_isa"]) if v]
+    if pinned:  # llmrl.kernels.pin_cpu_kernels (every stage) or the user's own setting
+        isa += f" (kernels {'/'.join(dict.fromkeys(v.upper() for v in pinned))})"
     libs = " ".join(f"{k} {fp['libraries'][k]}" for k in ("torch", "numpy") if k in fp["libraries"])
     parts = [fp["cpu"], isa, f"{fp['threads']} thread{'s' if fp['threads'] != 1 else ''}", libs]
     if fp["cuda"]:

@@ -24,11 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+
+pin_cpu_kernels()  # the stages' float path (stages/common.py), before torch's first kernel
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from llmrl.agents.student import StudentPolicy  # noqa: E402
 from llmrl.agents.teacher import ENV_KIND, OraclePlanner, TeacherPolicy  # noqa: E402
@@ -54,6 +58,7 @@ CANDIDATES: dict[str, list[dict]] = {
         {"name": "lr1e-3_vclip_rs0.1", "ppo": {"lr": 1e-3, "clip_value": True, "reward_scale": 0.1}},
         {"name": "lr1e-3_novclip_rs0.1", "ppo": {"lr": 1e-3, "clip_value": False, "reward_scale": 0.1}},
         {"name": "lr3e-4_novclip_rs0.1", "ppo": {"lr": 3e-4, "clip_value": False, "reward_scale": 0.1}},
+        {"name": "lr3e-3_novclip_rs0.1", "ppo": {"lr": 3e-3, "clip_value": False, "reward_scale": 0.1}},
     ],
     "doorkey": [
         {"name": "lr2e-3", "ppo": {"total_frames": 40960, "lr": 2e-3}, "distill": {"decrement": 0.33, "until_iteration": 45}},

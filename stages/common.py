@@ -25,6 +25,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
+# Before anything dispatches a torch kernel: the same float path on AVX2 and AVX-512 CPUs (llmrl/kernels.py).
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+
+pin_cpu_kernels()
+
 from llmrl.config import ParamsError, load_section, read_params  # noqa: E402
 
 log = logging.getLogger("llmrl.stage")

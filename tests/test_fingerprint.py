@@ -1,12 +1,45 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
 from llmrl.fingerprint import environment_fingerprint, fingerprint_line
+from llmrl.kernels import PINNED, cpu_flags, pin_cpu_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_fingerprint_names_cpu_isa_threads_and_versions():
+def test_fingerprint_names_cpu_isa_kernels_threads_and_versions():
     import torch
 
     fp = environment_fingerprint()
-    assert fp["isa"] == torch.backends.cpu.get_cpu_capability()
+    assert fp["kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert fp["isa"] in ("AVX512", "AVX2") or not {"avx2", "avx512f"} & cpu_flags()
     assert fp["threads"] == torch.get_num_threads()
     assert fp["libraries"]["torch"].startswith("2.13")
     line = fingerprint_line()
     assert fp["cpu"] in line and fp["isa"] in line and "torch 2.13" in line
+
+
+def test_pin_sets_only_unset_variables_and_only_with_avx2(monkeypatch):
+    for k in PINNED:
+        monkeypatch.delenv(k, raising=False)
+    assert pin_cpu_kernels({"sse4_2"}) == {} and not any(k in os.environ for k in PINNED)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")  # the user's choice wins
+    assert pin_cpu_kernels({"avx2", "avx512f"}) == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx512" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
+@pytest.mark.skipif("avx2" not in cpu_flags(), reason="pinning applies to x86-64 CPUs with AVX2")
+def test_every_stage_runs_on_avx2_kernels():
+    """A stage script's first import (stages/common.py) pins the kernels before torch dispatches anything, so
+    ATen reports AVX2 even on an AVX-512 CPU, and the fingerprint says so."""
+    code = ("import sys; sys.path.insert(0, 'stages'); import common, torch, os; "
+            "from llmrl.fingerprint import fingerprint_line; "
+            "print(torch.backends.cpu.get_cpu_capability(), os.environ['ONEDNN_MAX_CPU_ISA'], fingerprint_line())")
+    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    kernels, onednn, line = out.stdout.strip().split(" ", 2)
+    assert (kernels, onednn) == ("AVX2", "AVX2") and "(kernels AVX2)" in line

@@ -396,6 +396,33 @@ def test_mappo_with_teacher_trains_shared_actor():
     assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
 
 
+def test_spread_clock_counts_each_episode_and_restarts():
+    envs = SpreadBatch(2, max_cycles=4)
+    envs.reset(seed=0)
+    clocks = [envs.clock().tolist()]
+    for _ in range(5):
+        envs.step(np.zeros((2, 3), dtype=int))
+        clocks.append(envs.clock().tolist())
+    assert clocks == [[0, 0], [0.25, 0.25], [0.5, 0.5], [0.75, 0.75], [0, 0], [0.25, 0.25]]
+
+
+def test_plain_mappo_beats_random_on_spread():
+    """At the CPU default's budget (60,000 frames, 6 s) the critic's episode clock is what lets MAPPO learn:
+    measured here, greedy return -23.4 against random's -27.3; the same run without the clock: -40.4."""
+    from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
+
+    torch.manual_seed(0)
+    envs = SpreadBatch(8)
+    agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions)
+    cfg = PPOConfig(total_frames=100 * 8 * 25 * 3, num_envs=8, num_steps=25, epochs=4, minibatch_size=200, lr=1e-3,
+                    reward_scale=0.1, entropy_coef=0.01)
+    train_mappo(envs, agent, cfg, seed=0, progress=False)
+    rng = np.random.default_rng(0)
+    random = np.mean(evaluate_spread(lambda obs: rng.integers(0, 5, len(obs)), 40, 123))
+    trained = np.mean(evaluate_spread(greedy_joint_policy(agent), 40, 123))
+    assert trained > random + 2.0, (trained, random)
+
+
 # ----------------------------------------------------------------------------------------- result logic
 
 

@@ -6,7 +6,8 @@ N agents must cover N landmarks; each agent's reward is ``local_ratio`` × its c
 clock), so it is treated as the end of the episode. Actions are discrete: no-op, left, right, down, up.
 
 ``SpreadBatch`` steps ``num_envs`` independent copies in one process and returns arrays shaped
-[env, agent, ...]; finished episodes reset in the same step.
+[env, agent, ...]; finished episodes reset in the same step. ``clock()`` is each episode's elapsed share of
+``max_cycles``: the agents do not see it, but a critic needs it (below).
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ class SpreadBatch:
         self.num_envs, self.n_agents = num_envs, n_agents
         self.obs_dim = self.envs[0].observation_space(self.agents[0]).shape[0]
         self.n_actions = int(self.envs[0].action_space(self.agents[0]).n)
+        self.max_cycles = max_cycles
         self.rng = np.random.default_rng(0)
+        self.elapsed = np.zeros(num_envs, dtype=np.int64)
+
+    def clock(self) -> np.ndarray:
+        """[env] steps taken in each current episode / ``max_cycles``, in [0, 1)."""
+        return (self.elapsed / self.max_cycles).astype(np.float32)
 
     def _reset_one(self, e: int) -> np.ndarray:
         obs, _ = self.envs[e].reset(seed=int(self.rng.integers(2**31)))
@@ -45,6 +52,7 @@ class SpreadBatch:
         """[env, agent, obs_dim] first observations; ``seed`` fixes every later episode too."""
         self.rng = np.random.default_rng(seed)
         self.returns = np.zeros(self.num_envs)
+        self.elapsed[:] = 0
         return np.stack([self._reset_one(e) for e in range(self.num_envs)]).astype(np.float32)
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
@@ -55,6 +63,7 @@ class SpreadBatch:
         obs_out, rew_out = [], []
         done = np.zeros(self.num_envs, dtype=bool)
         finished = []
+        self.elapsed += 1
         for e, env in enumerate(self.envs):
             obs, rew, term, trunc, _ = env.step({a: int(actions[e, i]) for i, a in enumerate(self.agents)})
             rewards = np.array([rew[a] for a in self.agents], dtype=np.float32)
@@ -62,7 +71,7 @@ class SpreadBatch:
             if any(term.values()) or any(trunc.values()):
                 done[e] = True
                 finished.append(float(self.returns[e]))
-                self.returns[e] = 0.0
+                self.returns[e], self.elapsed[e] = 0.0, 0
                 obs_out.append(self._reset_one(e))
             else:
                 obs_out.append(np.stack([obs[a] for a in self.agents]))

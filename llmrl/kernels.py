@@ -1,0 +1,55 @@
+"""One float path on x86-64 CPUs of different vector widths: ATen's and oneDNN's kernels pinned to AVX2.
+
+A stage's numbers should not depend on which CPU of a kind it landed on. Measured on an AVX-512 (Zen 5) machine
+against results from an AVX2-only EPYC (same wheels, one thread):
+
+- oneDNN picks its convolution kernels by CPU: a DoorKey student (``GridStudent``) trained for 30,720 frames
+  ended at greedy curve success 0.70 on the AVX-512 machine and 0.65 on the AVX2 one; with
+  ``ONEDNN_MAX_CPU_ISA=AVX2`` the AVX-512 machine reproduced the AVX2 machine's bytes.
+- ATen's own vector kernels (norms, softmax, reductions) follow ``ATEN_CPU_CAPABILITY``: an LLM's logits differ
+  in the last bits between ``avx2`` and ``avx512`` (greedy tokens were equal in the test that measured it).
+- MKL's default sgemm gave identical bytes on both CPUs; ``MKL_CBWR=AVX2`` *changes* them, so it is not set.
+
+Cost on the AVX-512 machine: an fp32 LLM forward is unchanged (GEMMs are MKL's), DoorKey training ~5-10 %
+slower. bf16 autocast needs oneDNN's AVX-512-BF16 kernels (10x slower when pinned to AVX2): a bf16 run is not
+pinned, and its numbers are those of the CPU it ran on.
+
+This module imports nothing heavy: it must run before torch's first kernel dispatch (both libraries read their
+variable once, then).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def pin_cpu_kernels(flags: set[str] | None = None) -> dict[str, str]:
+    """Set ``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2`` where the CPU is x86-64 with AVX2 and
+    the variable is unset (a value the user exported wins); returns the variables this call set.
+
+    ``flags`` (the CPU's feature flags) defaults to /proc/cpuinfo's; elsewhere nothing is set.
+    """
+    if flags is None:
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return {}
+        flags = cpu_flags()
+    if "avx2" not in flags:
+        return {}
+    set_now = {k: v for k, v in PINNED.items() if k not in os.environ}
+    os.environ.update(set_now)
+    return set_now
