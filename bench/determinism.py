@@ -52,7 +52,8 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
     from minigrid.wrappers import ImgObsWrapper
 
     from llmrl.agents.student import MLPStudent
-    from llmrl.algos.ppo import PPOConfig, make_vector_env, train
+    from llmrl.algos.ppo import make_vector_env, train
+    from llmrl.config.ppo import PPOParams
     from llmrl.envs import make_env
     from llmrl.seeding import seed_everything
 
@@ -62,7 +63,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
         torch.use_deterministic_algorithms(False)
     envs = make_vector_env(lambda: ImgObsWrapper(make_env(ENV_ID)), N_ENVS)
     agent = MLPStudent(int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n), (64, 64))
-    cfg = PPOConfig(total_frames=iterations * N_ENVS * N_STEPS, num_envs=N_ENVS, num_steps=N_STEPS, epochs=4,
+    cfg = PPOParams(total_frames=iterations * N_ENVS * N_STEPS, num_envs=N_ENVS, num_steps=N_STEPS, epochs=4,
                     minibatch_size=64, lr=3e-4, entropy_coef=0.01)
     start = time.perf_counter()
     history = train(envs, agent, cfg, seed=seed, progress=False)

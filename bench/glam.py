@@ -72,17 +72,18 @@ class _IdsTokenizer:
 
 def run_one(method: str, model: str) -> dict:
     from llmrl.agents.llm_policy import build_agent
-    from llmrl.algos.ppo_llm import PPOConfig, train
+    from llmrl.algos.ppo_llm import train
+    from llmrl.config.glam import GlamPPO
     from llmrl.envs import make_env
 
     torch.set_num_threads(THREADS)
     if method == "naive":
         llm_policy.score_tensors = naive_score_tensors
     agent = build_agent(model, "lora", seed=0)
-    cfg = PPOConfig(n_envs=2, frames_per_env=3, updates=1, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-4,
-                    history=1, max_steps=6, seed=0)
+    cfg = GlamPPO(n_envs=2, frames_per_env=3, updates=1, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-4,
+                  max_steps=6)
     start = time.perf_counter()
-    row = train(agent, lambda: make_env(ENV), cfg, progress=False)[-1]
+    row = train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False)[-1]
     wall = time.perf_counter() - start
     frames = cfg.n_envs * cfg.frames_per_env
     return {"method": method, "frames": frames, "env_steps_per_s": row["fps"], "collect_s": row["collect_s"],

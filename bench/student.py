@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmrl.agents.student import MLPStudent  # noqa: E402
-from llmrl.algos.ppo import PPOConfig, make_vector_env, train  # noqa: E402
+from llmrl.algos.ppo import make_vector_env, train  # noqa: E402
+from llmrl.config.ppo import PPOParams  # noqa: E402
 from llmrl.envs import make_env  # noqa: E402
 from llmrl.io import write_json  # noqa: E402
 
@@ -43,7 +44,7 @@ def make_one() -> gym.Env:
 def run_llmrl(frames: int, seed: int) -> float:
     envs = make_vector_env(make_one, N_ENVS)
     agent = MLPStudent(int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n), HIDDEN)
-    cfg = PPOConfig(total_frames=frames, num_envs=N_ENVS, num_steps=N_STEPS, epochs=EPOCHS, minibatch_size=MINIBATCH,
+    cfg = PPOParams(total_frames=frames, num_envs=N_ENVS, num_steps=N_STEPS, epochs=EPOCHS, minibatch_size=MINIBATCH,
                     lr=3e-4, entropy_coef=0.0)
     start = time.perf_counter()
     history = train(envs, agent, cfg, seed=seed, progress=False)

@@ -11,8 +11,9 @@ against results from an AVX2-only EPYC (same wheels, one thread):
 - MKL's default sgemm gave identical bytes on both CPUs; ``MKL_CBWR=AVX2`` *changes* them, so it is not set.
 
 Cost on the AVX-512 machine: an fp32 LLM forward is unchanged (GEMMs are MKL's), DoorKey training ~5-10 %
-slower. bf16 autocast needs oneDNN's AVX-512-BF16 kernels (10x slower when pinned to AVX2): a bf16 run is not
-pinned, and its numbers are those of the CPU it ran on.
+slower. bf16 autocast needs oneDNN's AVX-512-BF16 kernels (10x slower when pinned to AVX2), and code that picks
+bf16 by the kernel level (KALM's grounding) sees AVX2 and stays fp32: ``LLMRL_PIN_KERNELS=0`` switches the
+pinning off for a run that wants the CPU's own kernels, whose numbers are then those of that CPU.
 
 This module imports nothing heavy: it must run before torch's first kernel dispatch (both libraries read their
 variable once, then).
@@ -24,6 +25,7 @@ import os
 import platform
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+OPT_OUT = "LLMRL_PIN_KERNELS"
 
 
 def cpu_flags() -> set[str]:
@@ -42,8 +44,11 @@ def pin_cpu_kernels(flags: set[str] | None = None) -> dict[str, str]:
     """Set ``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2`` where the CPU is x86-64 with AVX2 and
     the variable is unset (a value the user exported wins); returns the variables this call set.
 
-    ``flags`` (the CPU's feature flags) defaults to /proc/cpuinfo's; elsewhere nothing is set.
+    ``flags`` (the CPU's feature flags) defaults to /proc/cpuinfo's; elsewhere, or with ``LLMRL_PIN_KERNELS=0``,
+    nothing is set.
     """
+    if os.environ.get(OPT_OUT, "1") == "0":
+        return {}
     if flags is None:
         if platform.machine().lower() not in ("x86_64", "amd64"):
             return {}

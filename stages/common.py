@@ -60,3 +60,9 @@ def open_live(folder: str | os.PathLike) -> Iterator:
     with atomic_path(folder, is_dir=True) as tmp, Live(dir=str(tmp), save_dvc_exp=False, dvcyaml=None,
                                                      report=None) as live:
         yield live
+
+
+def model_spec(spec: str) -> str:
+    """A params model spec as ``load_model`` takes it: a folder of this repo (e.g. ``models/base_llm``, a DVC
+    output) as its absolute path; anything else (``embedded:...``, a hub name, an absolute path) unchanged."""
+    return str(ROOT / spec) if (ROOT / spec).is_dir() else spec

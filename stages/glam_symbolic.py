@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 from gymnasium.wrappers import TimeLimit
 
-from llmrl.agents.symbolic import train_symbolic
-from llmrl.algos.ppo import PPOConfig
+from llmrl.algos.symbolic_ppo import train_symbolic
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
 from llmrl.io import atomic_path, save_torch, write_json
@@ -23,8 +22,7 @@ def main() -> None:
     s = p.symbolic
     torch.set_num_threads(p.threads)
     start = time.perf_counter()
-    cfg = PPOConfig(total_frames=s.timesteps, num_envs=s.n_envs, num_steps=s.n_steps, epochs=s.epochs,
-                    minibatch_size=s.minibatch_size, lr=s.lr, gae_lambda=s.gae_lambda, entropy_coef=s.entropy_coef)
+    cfg = s.ppo
 
     def env():  # the LLM agents' training cap, as a time limit (bootstrapped by the PPO)
         e = make_env(p.train.env_id)
@@ -39,7 +37,7 @@ def main() -> None:
             finals.append(history[-1])
             log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("train/success"))
         (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
-                                                         "cfg": cfg.__dict__}, indent=2))
+                                                         "cfg": cfg.model_dump()}, indent=2))
     mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
     write_json(ROOT / "metrics" / "glam" / "symbolic.json",
                {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),

@@ -11,12 +11,11 @@ from common import ROOT, log, open_live, stage_params  # isort: skip
 
 import sys
 import time
-from dataclasses import asdict
 
 import torch
 
 from llmrl.agents.llm_policy import build_agent, save_agent
-from llmrl.algos.ppo_llm import PPOConfig, train
+from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import project_sources, run_identity
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
@@ -36,18 +35,15 @@ def main() -> None:
              "lora_dropout": p.lora.dropout, "temperature": p.policy.temperature,
              "length_norm": p.policy.length_norm, "seed": seed}
     agent = build_agent(**build)
-    cfg = PPOConfig(n_envs=t.n_envs, frames_per_env=t.frames_per_env, updates=t.updates, epochs=t.epochs,
-                    minibatch_size=t.minibatch_size, micro_batch=t.micro_batch, lr=t.lr, clip=t.clip,
-                    ent_coef=t.ent_coef, vf_coef=t.vf_coef, gamma=t.gamma, lam=t.lam,
-                    max_grad_norm=t.max_grad_norm, reward_scale=t.reward_scale, history=p.policy.history,
-                    max_steps=t.max_steps, seed=seed)
     model_dir = ROOT / p.model
-    identity = run_identity({"cfg": asdict(cfg), "build": build, "env_id": t.env_id},
+    identity = run_identity({"cfg": t.ppo().model_dump(), "history": p.policy.history, "seed": seed, "build": build,
+                             "env_id": t.env_id},
                             inputs={"base_model": model_dir} if model_dir.is_dir() else {},
                             code=project_sources(ROOT))
     checkpoint = ROOT / ".cache" / "resume" / "glam_train" / item / "checkpoint.pt"
     start = time.perf_counter()
-    history = train(agent, lambda: make_env(t.env_id), cfg, checkpoint=checkpoint, identity=identity,
+    history = train(agent, lambda: make_env(t.env_id), t.ppo(), history=p.policy.history, seed=seed,
+                    checkpoint=checkpoint, identity=identity,
                     on_update=lambda r: log.info("update %d: success %.3f entropy %.3f loss %.4f fps %.2f",
                                                  r["update"], r["success_rate"], r["entropy"], r["loss"],
                                                  r["fps"]))

@@ -37,10 +37,11 @@ def main() -> None:
             start = time.perf_counter()
             n_per_task = p.metaworld_episodes_per_task if benchmark == "metaworld" else p.babyai_episodes_per_task
             train_goals = kl.goals(benchmark, "train")
+            settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
             episodes = []
             with TrajectoryWriter(out / f"{benchmark}.h5") as writer:
                 for ep in tqdm(expert_episodes(benchmark, train_goals, n_per_task, seed=p.seed,
-                                               settings=env_p.settings(benchmark), action_noise=p.action_noise),
+                                               settings=settings, action_noise=p.action_noise),
                                desc=f"kalm_data {benchmark}", total=n_per_task * len({g.task for g in train_goals})):
                     writer.append(ep)
                     episodes.append(ep)
@@ -49,7 +50,7 @@ def main() -> None:
             if p.agreement_test_episodes:
                 test_goals = [g for g in kl.goals(benchmark, "test") if g.level != "rephrase"]
                 test_eps = list(expert_episodes(benchmark, test_goals, p.agreement_test_episodes, seed=p.seed,
-                                                settings=env_p.settings(benchmark), action_noise=p.action_noise))
+                                                settings=settings, action_noise=p.action_noise))
             steps = int(sum(len(e) for e in episodes))
             metrics[benchmark] = {
                 "episodes": len(episodes), "steps": steps,

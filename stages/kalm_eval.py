@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from llmrl.config.kalm import KalmEnvParams, KalmEvalParams, KalmOfflineParams
 from llmrl.data.embeddings import EmbeddingTable
+from llmrl.envs.kalm_levels import EnvSettings
 from llmrl.eval.kalm import evaluate_benchmark
 from llmrl.fingerprint import fingerprint_line
 from llmrl.io import atomic_path, write_json
@@ -51,7 +52,7 @@ def run_benchmark(benchmark: str) -> dict:
                     benchmark, GROUNDED_MODEL)
     return evaluate_benchmark(
         benchmark, offline_runs=runs, table=EmbeddingTable.load(ROOT / "data" / "kalm" / "real" / "embeddings.npz"),
-        levels=p.levels, settings=env_p.settings(benchmark),
+        levels=p.levels, settings=EnvSettings.for_benchmark(env_p, benchmark),
         episodes=p.metaworld_episodes if benchmark == "metaworld" else p.babyai_episodes, first_seed=p.seed,
         random_seeds=p.random_seeds, confidence=p.confidence, grounded=agent, grounded_episodes=p.grounded_episodes,
         threads=p.threads)

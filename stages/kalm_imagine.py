@@ -32,7 +32,7 @@ def main() -> None:
     goals = kl.goals(benchmark, level)  # UnknownLevelError names a wrong benchmark/level before any write
     torch.set_num_threads(p.threads)
     seed_everything(p.seed)
-    settings = env_p.settings(benchmark)
+    settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
     start = time.perf_counter()
     model = GroundedLM.load(ROOT / "models" / "kalm" / "grounded" / benchmark)
     load_seconds = time.perf_counter() - start

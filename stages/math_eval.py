@@ -6,7 +6,7 @@ holds accuracy as ``success`` with its 95% interval (one training seed: the inte
 parse-failure and truncation rates and mean tokens per answer.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, model_spec, open_live, stage_params  # isort: skip
 
 import json
 import time
@@ -29,7 +29,7 @@ def main() -> None:
     torch.set_num_threads(p.threads)
     test = read_jsonl(ROOT / "data" / "math" / "test.jsonl")[: p.n_problems]
     shots = read_jsonl(ROOT / "data" / "math" / "train.jsonl")[: common.few_shot]
-    base = str(ROOT / common.model) if (ROOT / common.model).is_dir() else common.model
+    base = model_spec(common.model)
     cap = p.max_new_tokens or common.answer_tokens  # the budget both variants trained with
     modes = {"greedy": SamplingConfig(max_new_tokens=cap, temperature=0.0, seed=p.seed),
              "sampled": SamplingConfig(max_new_tokens=cap, temperature=p.temperature, top_p=p.top_p, seed=p.seed)}

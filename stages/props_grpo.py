@@ -6,7 +6,7 @@ completion with its four rewards; the rendered first prompt), ``metrics/props/gr
 ``plots/props/grpo``.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, model_spec, open_live, stage_params  # isort: skip
 
 import json
 import tempfile
@@ -59,8 +59,8 @@ def main() -> None:
     log.info("%d vectors scored over %d episodes in %.1f s (mean return %.2f); %d train / %d test prompts",
              p.vectors, p.episodes, data_s, data.returns.mean(), len(train_idx), len(test_idx))
 
-    model_spec = str(ROOT / p.model) if (ROOT / p.model).is_dir() else p.model
-    llm = load_model(model_spec, device=p.device, dtype=p.dtype)  # plain: TRL attaches the adapter
+    spec = model_spec(p.model)
+    llm = load_model(spec, device=p.device, dtype=p.dtype)  # plain: TRL attaches the adapter
     n_params = len(records["train"][0]["old_params"])
     rewards = make_reward_funcs(RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
                                                return_floor=p.return_floor, return_span=p.return_span,

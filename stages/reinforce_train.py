@@ -5,7 +5,7 @@ rollouts.jsonl, the rendered prompt of the first problem), metrics/math/train_<v
 curves under plots/math/train_<variant>/.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, model_spec, open_live, stage_params  # isort: skip
 
 import json
 import shutil
@@ -89,9 +89,9 @@ def main() -> None:
         raise SystemExit(f"reinforce_train.common.few_shot={c.few_shot} leaves no train problems")
     shots, problems = train[: c.few_shot], train[c.few_shot:]
     lora = LoraSettings(r=c.lora.r, alpha=c.lora.alpha, dropout=c.lora.dropout) if c.lora else None
-    model_spec = str(ROOT / c.model) if (ROOT / c.model).is_dir() else c.model
+    spec = model_spec(c.model)
     # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
-    llm = load_model(model_spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
+    llm = load_model(spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
     out = ROOT / "models" / "math" / variant
     # Resume point (reinforce_kl): scratch, not a DVC out; resumed only by the same run (params, base model and
@@ -100,8 +100,8 @@ def main() -> None:
     if variant == "reinforce_kl":
         import llmrl.algos.reinforce_kl  # noqa: F401  (loaded before project_sources: its code is in the identity)
     identity = run_identity({"variant": variant, "params": p.model_dump(mode="json")},
-                            inputs={"base_model": model_spec, "train": ROOT / "data" / "math" / "train.jsonl"}
-                            if Path(model_spec).is_dir() else {"train": ROOT / "data" / "math" / "train.jsonl"},
+                            inputs={"base_model": spec, "train": ROOT / "data" / "math" / "train.jsonl"}
+                            if Path(spec).is_dir() else {"train": ROOT / "data" / "math" / "train.jsonl"},
                             code=project_sources(ROOT))
     t0 = time.perf_counter()
     with open_live(ROOT / "plots" / "math" / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:

@@ -7,7 +7,7 @@ and evaluation open it offline, so they never load a model, and a missing reply 
 
 from __future__ import annotations
 
-from common import ROOT  # isort: skip
+from common import ROOT, model_spec  # isort: skip
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,10 +18,8 @@ from torch import nn
 from llmrl.agents.student import save_student
 from llmrl.agents.teacher import (
     ENV_KIND,
-    LazyBackend,
     LLMPlanner,
     OraclePlanner,
-    SharedPromptBackend,
     TaskKind,
     TeacherPolicy,
 )
@@ -30,7 +28,7 @@ from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import ENV_ID as MPE_ID
 from llmrl.io import write_json
 from llmrl.parallel import run_seeds_into
-from llmrl.llm.backends import CachedBackend, ReplyCache
+from llmrl.llm.backends import CachedBackend, LazyBackend, ReplyCache, SharedPromptBackend
 from llmrl.llm.generate import SamplingConfig
 
 # One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
@@ -53,17 +51,13 @@ def task_kind(key: str) -> TaskKind:
     return ENV_KIND[env_id(key)]
 
 
-def _spec(spec: str) -> str:
-    return str(ROOT / spec) if (ROOT / spec).is_dir() else spec
-
-
 def _backend_factory(p: TeachTeacherParams):
     if p.backend == "openai":
         from llmrl.llm.backends import openai_backend
         from llmrl.llm.load import load_tokenizer
 
         def remote():
-            tokenizer = load_tokenizer(_spec(p.spec)) if p.openai_api == "completions" else None
+            tokenizer = load_tokenizer(model_spec(p.spec)) if p.openai_api == "completions" else None
             return openai_backend(p.openai_api, p.openai_model, p.openai_base_url, tokenizer=tokenizer,
                                   api_key_env=p.api_key_env, timeout_s=p.timeout_s, max_retries=p.max_retries)
 
@@ -74,7 +68,7 @@ def _backend_factory(p: TeachTeacherParams):
     def local():
         from llmrl.llm.load import load_model
 
-        return SharedPromptBackend(load_model(_spec(p.spec)), batch_size=p.batch_size)
+        return SharedPromptBackend(load_model(model_spec(p.spec)), batch_size=p.batch_size)
 
     return f"local-shared-prompt:{p.spec}", local
 

@@ -14,14 +14,15 @@ import pytest
 import torch
 
 from llmrl.agents.llm_policy import build_agent
-from llmrl.algos.ppo_llm import PPOConfig, train
+from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import load_resumable, run_identity, save_checkpoint
+from llmrl.config.glam import GlamPPO
 from llmrl.envs import make_env
 
 from .conftest import ROOT
 
 ENV = "BabyAI-Text-GoToObjS4-v0"
-CFG = PPOConfig(n_envs=2, frames_per_env=3, updates=2, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
+CFG = GlamPPO(n_envs=2, frames_per_env=3, updates=2, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
 SKIP = ("fps", "collect_s")
 
 
@@ -76,7 +77,7 @@ def test_glam_resumes_only_an_identical_run(tmp_path, change, caplog):
 
     ckpt = tmp_path / "ckpt.pt"
     with pytest.raises(Kill):
-        train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, checkpoint=ckpt,
+        train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, history=3, seed=0, checkpoint=ckpt,
               identity=identity(), on_update=_stop_after_first, progress=False)
     assert ckpt.is_file()
     if change == "update_function":
@@ -85,8 +86,8 @@ def test_glam_resumes_only_an_identical_run(tmp_path, change, caplog):
         (model / "weights.bin").write_bytes(b"v2")
     ran = []
     with caplog.at_level(logging.INFO, logger="llmrl.checkpoint"):
-        train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, checkpoint=ckpt, identity=identity(),
-              on_update=lambda r: ran.append(r["update"]), progress=False)
+        train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, history=3, seed=0, checkpoint=ckpt,
+              identity=identity(), on_update=lambda r: ran.append(r["update"]), progress=False)
     if change == "none":
         assert ran == [2] and "resuming" in caplog.text
     else:
@@ -98,13 +99,15 @@ KILL_SCRIPT = """
 import json, sys, torch
 torch.set_num_threads(1)
 from llmrl.agents.llm_policy import build_agent
-from llmrl.algos.ppo_llm import PPOConfig, train
+from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import project_sources, run_identity
+from llmrl.config.glam import GlamPPO
 from llmrl.envs import make_env
-cfg = PPOConfig(n_envs=2, frames_per_env=3, updates=5, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
+cfg = GlamPPO(n_envs=2, frames_per_env=3, updates=5, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
 agent = build_agent("tiny", "lora", seed=0)
 ident = run_identity({"cfg": repr(cfg)}, code=project_sources())
-h = train(agent, lambda: make_env("BabyAI-Text-GoToObjS4-v0"), cfg, checkpoint=sys.argv[1], identity=ident,
+h = train(agent, lambda: make_env("BabyAI-Text-GoToObjS4-v0"), cfg, history=3, seed=0, checkpoint=sys.argv[1],
+          identity=ident,
           on_update=lambda r: print("update", r["update"], flush=True), progress=False)
 skip = ("fps", "collect_s")
 weights = sum(float(p.double().sum()) for p in agent.parameters() if p.requires_grad)

@@ -35,3 +35,18 @@ def test_babyai_noise_kept_out_of_stdout(capsys):
 def test_unknown_env_names_the_id():
     with pytest.raises(gym.error.Error, match="BabyAI-PickupLocal-v0"):
         make_env("BabyAI-PickupLocal-v0")
+
+
+def test_one_success_rule_for_episodes_and_vector_steps():
+    import numpy as np
+
+    from llmrl.envs.make import episode_success, episode_successes
+
+    assert episode_success({"success": True}, 0.0, False)  # the env's own checker wins
+    assert not episode_success({"success": False}, 1.0, True)
+    assert episode_success({}, 0.5, True) and not episode_success({}, 0.5, False) and not episode_success({}, 0.0, True)
+    done = np.array([True, True, False])
+    assert episode_successes({"success": np.array([True, False, True])}, np.zeros(3), done, done).tolist() == \
+        [True, False, False]
+    assert episode_successes({}, np.array([1.0, 1.0, 1.0]), np.array([True, False, True]), done).tolist() == \
+        [True, False, False]

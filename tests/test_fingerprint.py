@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from llmrl.fingerprint import environment_fingerprint, fingerprint_line
-from llmrl.kernels import PINNED, cpu_flags, pin_cpu_kernels
+from llmrl.kernels import OPT_OUT, PINNED, cpu_flags, pin_cpu_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +30,9 @@ def test_pin_sets_only_unset_variables_and_only_with_avx2(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")  # the user's choice wins
     assert pin_cpu_kernels({"avx2", "avx512f"}) == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert os.environ["ATEN_CPU_CAPABILITY"] == "avx512" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("LLMRL_PIN_KERNELS", "0")  # the opt-out: the CPU's own kernels
+    assert pin_cpu_kernels({"avx2"}) == {} and "ONEDNN_MAX_CPU_ISA" not in os.environ
 
 
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="pinning applies to x86-64 CPUs with AVX2")
@@ -39,7 +42,7 @@ def test_every_stage_runs_on_avx2_kernels():
     code = ("import sys; sys.path.insert(0, 'stages'); import common, torch, os; "
             "from llmrl.fingerprint import fingerprint_line; "
             "print(torch.backends.cpu.get_cpu_capability(), os.environ['ONEDNN_MAX_CPU_ISA'], fingerprint_line())")
-    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    env = {k: v for k, v in os.environ.items() if k not in PINNED and k != OPT_OUT}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     kernels, onednn, line = out.stdout.strip().split(" ", 2)
     assert (kernels, onednn) == ("AVX2", "AVX2") and "(kernels AVX2)" in line

@@ -7,7 +7,8 @@ import torch
 from llmrl.agents import RandomPolicy
 from llmrl.agents.llm_policy import LLMBatchPolicy, LLMPolicy, build_agent, build_prompt, candidates_for, render
 from llmrl.algos.bc_llm import train_bc
-from llmrl.algos.ppo_llm import PPOConfig, collect, flatten, ppo_update, train
+from llmrl.algos.ppo_llm import collect, flatten, ppo_update, train
+from llmrl.config.glam import GlamPPO
 from llmrl.envs import make_env
 from llmrl.envs.babyai_text import ACTIONS_EN, VARIANTS
 from llmrl.eval import evaluate
@@ -15,6 +16,7 @@ from llmrl.eval.batched import evaluate_batched
 from llmrl.llm import score_naive
 
 ENV = "BabyAI-Text-GoToObjS4-v0"
+HISTORY = 3  # observations per prompt (GLAM's)
 LABELS = VARIANTS["none"].labels
 
 
@@ -47,7 +49,7 @@ def _batch(agent, cfg):
     slots_env = lambda: make_env(ENV)  # noqa: E731
     from llmrl.algos.ppo_llm import EnvSlot
 
-    slots = [EnvSlot(slots_env(), seed=i, history=cfg.history) for i in range(cfg.n_envs)]
+    slots = [EnvSlot(slots_env(), seed=i, history=HISTORY) for i in range(cfg.n_envs)]
     return flatten(collect(agent, slots, cfg, torch.Generator().manual_seed(0)), cfg)
 
 
@@ -56,7 +58,7 @@ def test_one_update_changes_trainable_only_and_lowers_loss(variant):
     torch.manual_seed(0)
     agent = build_agent("tiny", variant)
     # one optimiser step (epochs=1, one minibatch of two accumulated micro-batches): first order, the loss falls
-    cfg = PPOConfig(n_envs=2, frames_per_env=4, epochs=1, minibatch_size=8, micro_batch=4, lr=1e-4)
+    cfg = GlamPPO(n_envs=2, frames_per_env=4, epochs=1, minibatch_size=8, micro_batch=4, lr=1e-4)
     batch = _batch(agent, cfg)
     before = {n: p.detach().clone() for n, p in agent.named_parameters()}
     frozen = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=0.0)
@@ -85,9 +87,9 @@ def test_trained_tiny_agent_beats_random():
     # The tiny model cannot tell states apart yet, so its greedy policy is one fixed action: the learned
     # stochastic policy is what beats random (it drops the useless pick up / drop / toggle).
     agent = build_agent("tiny", "full", length_norm=True, seed=0)
-    cfg = PPOConfig(n_envs=16, frames_per_env=8, updates=6, epochs=4, minibatch_size=32, micro_batch=32,
-                    lr=1e-3, history=1, reward_scale=1.0, max_steps=8, seed=0)
-    history = train(agent, lambda: make_env(ENV), cfg, progress=False)
+    cfg = GlamPPO(n_envs=16, frames_per_env=8, updates=6, epochs=4, minibatch_size=32, micro_batch=32,
+                  lr=1e-3, reward_scale=1.0, max_steps=8)
+    history = train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False)
     assert history[-1]["entropy"] < history[0]["entropy"]
     seeds = range(900, 1100)
     trained = evaluate_batched(LLMBatchPolicy(agent, "glam", history=1), lambda: make_env(ENV), seeds,
@@ -108,14 +110,14 @@ def test_lockstep_evaluation_matches_the_harness():
 
 
 def test_resume_gives_identical_results(tmp_path):
-    cfg = PPOConfig(n_envs=2, frames_per_env=3, updates=3, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
+    cfg = GlamPPO(n_envs=2, frames_per_env=3, updates=3, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
     skip = ("fps", "collect_s")
 
     def strip(h):
         return [{k: v for k, v in r.items() if k not in skip} for r in h]
 
     straight = build_agent("tiny", "lora", seed=0)
-    h_straight = train(straight, lambda: make_env(ENV), cfg, progress=False)
+    h_straight = train(straight, lambda: make_env(ENV), cfg, history=HISTORY, seed=0, progress=False)
     ckpt = tmp_path / "ckpt.pt"
 
     class Kill(Exception):
@@ -127,9 +129,11 @@ def test_resume_gives_identical_results(tmp_path):
 
     first = build_agent("tiny", "lora", seed=0)
     with pytest.raises(Kill):
-        train(first, lambda: make_env(ENV), cfg, checkpoint=ckpt, on_update=stop, progress=False)
+        train(first, lambda: make_env(ENV), cfg, history=HISTORY, seed=0, checkpoint=ckpt, on_update=stop,
+              progress=False)
     resumed = build_agent("tiny", "lora", seed=0)
-    h_resumed = train(resumed, lambda: make_env(ENV), cfg, checkpoint=ckpt, progress=False)
+    h_resumed = train(resumed, lambda: make_env(ENV), cfg, history=HISTORY, seed=0, checkpoint=ckpt,
+                      progress=False)
     assert strip(h_resumed) == strip(h_straight)
     for (n, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters()):
         assert torch.equal(a, b), n
@@ -151,6 +155,9 @@ def test_bad_params_name_the_key():
         load_section({"glam": {"train": {"env_id": ENV, "n_envs": 1, "frames_per_env": 1, "updates": 1,
                                          "minibatch_size": 1, "micro_batch": 1, "lr": -1, "seeds": [0],
                                          "variants": ["lora"]}}}, "glam.train", GlamTrain)
+    with pytest.raises(ParamsError, match=r"glam.train: .*minibatch_size 10 is not a multiple of micro_batch 4"):
+        load_section({"glam": {"train": {"env_id": ENV, "minibatch_size": 10, "micro_batch": 4, "seeds": [0],
+                                         "variants": ["lora"]}}}, "glam.train", GlamTrain)
 
 
 def test_time_limit_truncation_is_bootstrapped_with_the_cut_state_value():
@@ -159,8 +166,8 @@ def test_time_limit_truncation_is_bootstrapped_with_the_cut_state_value():
 
     torch.manual_seed(0)
     agent = build_agent("tiny", "lora")
-    cfg = PPOConfig(n_envs=2, frames_per_env=3, max_steps=2, gamma=0.9, reward_scale=20.0)
-    slots = [EnvSlot(make_env(ENV), seed=i, history=cfg.history) for i in range(cfg.n_envs)]
+    cfg = GlamPPO(n_envs=2, frames_per_env=3, max_steps=2, gamma=0.9, reward_scale=20.0)
+    slots = [EnvSlot(make_env(ENV), seed=i, history=HISTORY) for i in range(cfg.n_envs)]
     buf = collect(agent, slots, cfg, torch.Generator().manual_seed(0))
     cut = buf["dones"][1]  # every episode is cut after 2 steps unless it ended before
     assert cut.sum() > 0

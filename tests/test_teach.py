@@ -11,11 +11,9 @@ from llmrl.agents.skills import FORWARD, LEFT, RIGHT, GridView, Step, go_to, pla
 from llmrl.agents.student import GridStudent, MLPStudent, load_student, save_student
 from llmrl.agents.teacher import (
     LLM_FAULTS,
-    LazyBackend,
     LLMPlanner,
     OraclePlanner,
     PlanDistribution,
-    SharedPromptBackend,
     TeacherPolicy,
     canonical_colors,
     describe,
@@ -25,13 +23,15 @@ from llmrl.agents.teacher import (
     validate_plan,
 )
 from llmrl.algos.mappo import make_mappo_agent, train_mappo
-from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, ppo_loss, train
+from llmrl.algos.ppo import make_vector_env, ppo_loss, train
+from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.eval.seeds import aggregate_seeds
 from llmrl.eval.teach_report import aulc, beats_random, result_check, return_headline, select_setting
-from llmrl.llm.backends import CachedBackend, CacheMissError, LocalBackend, ReplyCache
+from llmrl.llm.backends import (CachedBackend, CacheMissError, LazyBackend, LocalBackend, ReplyCache,
+                                SharedPromptBackend)
 from llmrl.llm.generate import Generation, SamplingConfig
 from llmrl.llm.load import load_model
 
@@ -42,7 +42,7 @@ SIMPLE = ENV_IDS["simpledoorkey"]
 
 
 def test_distill_schedule_values():
-    s = DistillSchedule()  # original: 10, -0.005 per iteration, floor 0.1, off from iteration 3000
+    s = DistillParams()  # original: 10, -0.005 per iteration, floor 0.1, off from iteration 3000
     assert s.coef(0) == 10.0
     assert s.coef(100) == pytest.approx(9.5)
     assert s.coef(1000) == pytest.approx(5.0)
@@ -50,7 +50,7 @@ def test_distill_schedule_values():
     assert s.coef(2500) == pytest.approx(0.1)
     assert s.coef(2999) == pytest.approx(0.1)
     assert s.coef(3000) == 0.0
-    pure = DistillSchedule(initial=0.0)
+    pure = DistillParams(initial=0.0)
     assert all(pure.coef(k) == 0.0 for k in (0, 10, 2000, 5000))
 
 
@@ -70,7 +70,7 @@ def test_distillation_gradient_moves_student_towards_teacher():
     teacher = torch.zeros(32, 4)
     teacher[:, 2] = 0.7
     teacher[:, 3] = 0.3
-    cfg = PPOConfig(entropy_coef=0.0, value_coef=0.0)
+    cfg = PPOParams(entropy_coef=0.0, value_coef=0.0)
 
     def kl():
         with torch.no_grad():
@@ -364,19 +364,19 @@ def test_student_policy_episodes_do_not_depend_on_lockstep_width():
 
 def test_ppo_with_oracle_teacher_lowers_distillation_loss():
     torch.manual_seed(0)
-    cfg = PPOConfig(total_frames=8 * 256, num_envs=4, num_steps=64, epochs=3, minibatch_size=128)
+    cfg = PPOParams(total_frames=8 * 256, num_envs=4, num_steps=64, epochs=3, minibatch_size=128)
     envs = make_vector_env(lambda: make_env(SIMPLE), cfg.num_envs)
     agent = GridStudent(10, 10, 7)
     before = [p.detach().clone() for p in agent.parameters()]
     teacher = TeacherPolicy("doorkey", OraclePlanner("doorkey"), 7)
-    hist = train(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillSchedule(), progress=False)
+    hist = train(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(), progress=False)
     assert len(hist) == 8 and hist[0]["distill_coef"] == 10.0 and hist[-1]["distill_coef"] == pytest.approx(9.965)
     assert np.mean([h["loss/distill_loss"] for h in hist[-2:]]) < 0.8 * hist[0]["loss/distill_loss"]
     assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
 
 
 def test_pure_ppo_has_no_teacher_term():
-    cfg = PPOConfig(total_frames=2 * 128, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
+    cfg = PPOParams(total_frames=2 * 128, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
     envs = make_vector_env(lambda: make_env(SIMPLE), cfg.num_envs)
     hist = train(envs, GridStudent(10, 10, 7), cfg, seed=1, progress=False)
     assert all(h["distill_coef"] == 0.0 and h["loss/distill_loss"] == 0.0 for h in hist)
@@ -387,9 +387,9 @@ def test_mappo_with_teacher_trains_shared_actor():
     envs = SpreadBatch(2)
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, (32, 32))
     before = [p.detach().clone() for p in agent.parameters()]
-    cfg = PPOConfig(total_frames=6 * 25 * 2 * 3, num_envs=2, num_steps=25, epochs=4, minibatch_size=50, lr=3e-3)
+    cfg = PPOParams(total_frames=6 * 25 * 2 * 3, num_envs=2, num_steps=25, epochs=4, minibatch_size=50, lr=3e-3)
     teacher = TeacherPolicy("simple_spread", OraclePlanner("simple_spread"), 5)
-    hist = train_mappo(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillSchedule(),
+    hist = train_mappo(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(),
                        progress=False)
     assert len(hist) == 6 and all("train/return" in h for h in hist)
     assert hist[-1]["loss/distill_loss"] < hist[0]["loss/distill_loss"]
@@ -414,7 +414,7 @@ def test_plain_mappo_beats_random_on_spread():
     torch.manual_seed(0)
     envs = SpreadBatch(8)
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions)
-    cfg = PPOConfig(total_frames=100 * 8 * 25 * 3, num_envs=8, num_steps=25, epochs=4, minibatch_size=200, lr=1e-3,
+    cfg = PPOParams(total_frames=100 * 8 * 25 * 3, num_envs=8, num_steps=25, epochs=4, minibatch_size=200, lr=1e-3,
                     reward_scale=0.1, entropy_coef=0.01)
     train_mappo(envs, agent, cfg, seed=0, progress=False)
     rng = np.random.default_rng(0)

@@ -2,8 +2,8 @@
 
 The original used BabyAI's FiLM-CNN; on 7x7 views a small flat MLP is enough and trains in seconds on a CPU.
 The mission is a bag of words over BabyAI's vocabulary, so the network sees the same goal the LLM reads.
-Trained with the project's PPO (``llmrl.algos.ppo``, shared with LLM4Teach's student) by ``train_symbolic``;
-``SymbolicPolicy`` plugs it into the harness.
+Trained with the project's PPO by ``llmrl.algos.symbolic_ppo.train_symbolic``; ``SymbolicPolicy`` plugs it into
+the harness.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
-
-from llmrl.algos.ppo import PPOConfig, make_vector_env, train
 
 VOCAB = ("go", "to", "pick", "up", "open", "put", "next", "the", "a", "then", "after", "you", "and", "red", "green",
          "blue", "purple", "yellow", "grey", "key", "ball", "box", "door", "object", "on", "your", "left", "right",
@@ -61,17 +59,6 @@ class SymbolicActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.trunk(obs.float())
         return self.pi(h), self.v(h).squeeze(-1)
-
-
-def train_symbolic(make_env, cfg: PPOConfig, *, seed: int, progress: bool = True
-                   ) -> tuple[SymbolicActorCritic, list[dict]]:
-    """The project's CleanRL-style PPO (``llmrl.algos.ppo``, no teacher) on ``SymbolicObs``-wrapped envs."""
-    torch.manual_seed(seed)
-    agent = SymbolicActorCritic()
-    envs = make_vector_env(lambda: SymbolicObs(make_env()), cfg.num_envs)
-    history = train(envs, agent, cfg, seed=seed, progress=progress)
-    envs.close()
-    return agent, history
 
 
 class SymbolicPolicy:

@@ -7,7 +7,7 @@ Learning"): without it the critic cannot tell 24 steps of reward left from 1, an
 enough that, measured on validation episodes at the CPU budget, plain MAPPO ended below random and more
 update epochs made it worse; with it the same settings beat random. Agents are
 stacked into the batch dimension, so the loss is exactly ``llmrl.algos.ppo.ppo_loss`` — PPO + λ_k ·
-H(π_T, π_θ) with the same ``DistillSchedule`` — and λ₀ = 0 (or no teacher) is plain MAPPO. Advantages are
+H(π_T, π_θ) with the same ``DistillParams`` — and λ₀ = 0 (or no teacher) is plain MAPPO. Advantages are
 GAE per agent stream.
 """
 
@@ -22,7 +22,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.agents.student import MLPStudent
-from llmrl.algos.ppo import DistillSchedule, PPOConfig, Teacher, act_into, rollout_buffers, update_from_rollout
+from llmrl.algos.ppo import Teacher, act_into, rollout_buffers, update_from_rollout
+from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 
 
@@ -39,8 +40,8 @@ def make_mappo_agent(obs_dim: int, n_agents: int, n_actions: int, hidden: tuple[
     return MLPStudent(obs_dim + n_agents, n_actions, hidden, critic_dim=n_agents * obs_dim + n_agents + 1)
 
 
-def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: int,
-                teacher: Teacher | None = None, distill: DistillSchedule | None = None,
+def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOParams, *, seed: int,
+                teacher: Teacher | None = None, distill: DistillParams | None = None,
                 on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
     """Train the shared actor and centralised critic in place; one stats dict per iteration.
 
@@ -49,7 +50,7 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOConfig, *, seed: in
     """
     if envs.num_envs != cfg.num_envs:
         raise ValueError(f"num_envs: config says {cfg.num_envs}, env batch has {envs.num_envs}")
-    distill = distill or DistillSchedule(initial=0.0)
+    distill = distill or DistillParams(initial=0.0)
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
     T, E, A = cfg.num_steps, envs.num_envs, envs.n_agents

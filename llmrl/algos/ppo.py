@@ -2,12 +2,13 @@
 
     L = L_clip + c_V · L_V^clipped − c_H · H(π_θ) + λ_k · H(π_T, π_θ),    H(π_T, π_θ) = −Σ_a π_T(a|s) log π_θ(a|s)
 
-λ_k follows ``DistillSchedule`` (original: 10, −0.005 per iteration, floor 0.1, switched off after 3000
+λ_k follows ``llmrl.config.ppo.DistillParams`` (original: 10, −0.005 per iteration, floor 0.1, switched off after 3000
 iterations); λ₀ = 0 or no teacher is plain PPO. Advantages are GAE(λ) (``llmrl.algos.gae``) or Monte-Carlo
 returns minus the value (``advantage="mc"``, the original's estimator, = GAE with λ = 1). Episodes cut by a
 time limit are bootstrapped with the value of their final observation.
 
-Generic on purpose (the GLAM symbolic-PPO baseline reuses it): any ``nn.Module`` mapping an observation
+Settings: ``llmrl.config.ppo.PPOParams``, the params sections' own model. Generic on purpose (the GLAM
+symbolic-PPO baseline and MAPPO reuse it): any ``nn.Module`` mapping an observation
 tensor batch to ``(logits [B, A], value [B])``, any gymnasium vector env with a Box or Discrete-friendly
 observation array, and an optional ``teacher`` callable ``obs_batch (numpy) -> π_T [N, A]``.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -26,61 +26,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.algos.gae import gae
+from llmrl.config.ppo import DistillParams, PPOParams
+from llmrl.envs.make import episode_successes
 
 Teacher = Callable[[np.ndarray], np.ndarray]
 
 
-@dataclass(frozen=True)
-class PPOConfig:
-    """PPO hyperparameters (defaults: the original LLM4Teach values where it has them)."""
-
-    total_frames: int = 100_000  # environment steps summed over all envs
-    num_envs: int = 8
-    num_steps: int = 64  # rollout length per env per iteration
-    epochs: int = 3
-    minibatch_size: int = 128
-    lr: float = 1e-3
-    adam_eps: float = 1e-8
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    advantage: str = "gae"  # "gae" or "mc"
-    clip_eps: float = 0.2
-    clip_value: bool = True  # clip the value update to ±clip_eps (as the policy); off for unnormalised returns
-    value_coef: float = 0.5
-    entropy_coef: float = 0.001
-    max_grad_norm: float = 0.5
-    norm_adv: bool = True
-    reward_scale: float = 1.0  # rewards are multiplied by this for learning only (reported returns stay raw)
-
-    def __post_init__(self) -> None:
-        if self.advantage not in ("gae", "mc"):
-            raise ValueError(f"advantage: must be 'gae' or 'mc', got {self.advantage!r}")
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def iterations(self) -> int:
-        return max(1, self.total_frames // self.batch_size)
-
-
-@dataclass(frozen=True)
-class DistillSchedule:
-    """λ_k = min(λ₀, max(λ_min, λ₀ − δ·k)) for iterations k < ``until_iteration``, then 0."""
-
-    initial: float = 10.0
-    decrement: float = 0.005
-    minimum: float = 0.1
-    until_iteration: int = 3000
-
-    def coef(self, iteration: int) -> float:
-        if iteration >= self.until_iteration:
-            return 0.0
-        return min(self.initial, max(self.minimum, self.initial - self.decrement * iteration))
-
-
-def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig, distill_coef: float
+def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOParams, distill_coef: float
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss on one minibatch: clipped surrogate + clipped value + entropy + teacher cross-entropy."""
     logits, value = agent(mb["obs"])
@@ -110,7 +62,7 @@ def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig, dist
                   "distill_loss": distill_loss, "approx_kl": approx_kl}
 
 
-def ppo_update(agent: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], cfg: PPOConfig,
+def ppo_update(agent: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], cfg: PPOParams,
                distill_coef: float, gen: torch.Generator) -> dict[str, float]:
     """``cfg.epochs`` passes of shuffled minibatch steps over ``batch``; loss terms averaged over all of them."""
     size = len(batch["actions"])
@@ -160,7 +112,7 @@ def act_into(agent: nn.Module, buf: dict[str, np.ndarray], t: int, gen: torch.Ge
 
 
 def update_from_rollout(agent: nn.Module, optimizer: torch.optim.Optimizer, buf: dict[str, np.ndarray],
-                        last_value: np.ndarray, cfg: PPOConfig, distill_coef: float, gen: torch.Generator
+                        last_value: np.ndarray, cfg: PPOParams, distill_coef: float, gen: torch.Generator
                         ) -> dict[str, float]:
     """GAE(λ) over the filled buffers (λ = 1 for ``advantage="mc"``), then ``ppo_update`` on them flattened."""
     lam = 1.0 if cfg.advantage == "mc" else cfg.gae_lambda
@@ -172,16 +124,8 @@ def update_from_rollout(agent: nn.Module, optimizer: torch.optim.Optimizer, buf:
     return ppo_update(agent, optimizer, {k: v.flatten(0, 1) for k, v in batch.items()}, cfg, distill_coef, gen)
 
 
-def _episode_ends(infos: dict, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
-    """Per env: did the episode that just ended succeed (``info["success"]``, else a positive final reward)?"""
-    final = infos.get("final_info", {})
-    if "success" in final:
-        return np.asarray(final["success"], dtype=bool) & done
-    return (rewards > 0) & done
-
-
-def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed: int,
-          teacher: Teacher | None = None, distill: DistillSchedule | None = None,
+def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOParams, *, seed: int,
+          teacher: Teacher | None = None, distill: DistillParams | None = None,
           on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
     """Train ``agent`` in place; returns one stats dict per iteration (also passed to ``on_iteration``).
 
@@ -189,7 +133,7 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
     """
     if envs.num_envs != cfg.num_envs:
         raise ValueError(f"num_envs: config says {cfg.num_envs}, vector env has {envs.num_envs}")
-    distill = distill or DistillSchedule(initial=0.0)
+    distill = distill or DistillParams(initial=0.0)
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)  # fused: fewer CPU ops
     T, N = cfg.num_steps, cfg.num_envs
@@ -215,7 +159,7 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOConfig, *, seed:
             ep_return += reward
             ep_length += 1
             if done.any():
-                success = _episode_ends(infos, reward, done)
+                success = episode_successes(infos.get("final_info", {}), reward, term, done)
                 cut = trunc & ~term
                 if cut.any():  # time limit: bootstrap from the final observation's value
                     final = torch.as_tensor(np.stack([infos["final_obs"][i] for i in np.flatnonzero(cut)]))

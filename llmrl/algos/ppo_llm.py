@@ -18,7 +18,6 @@ import pickle
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -29,28 +28,8 @@ from tqdm.auto import tqdm
 from llmrl.agents.llm_policy import History, LLMActorCritic, candidates_for, infer, render
 from llmrl.algos.gae import gae
 from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
-
-
-@dataclass(frozen=True)
-class PPOConfig:
-    n_envs: int = 4
-    frames_per_env: int = 40
-    updates: int = 10
-    epochs: int = 4
-    minibatch_size: int = 16
-    micro_batch: int = 4
-    lr: float = 1e-6
-    clip: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    gamma: float = 0.99
-    lam: float = 0.99
-    max_grad_norm: float = 0.5
-    reward_scale: float = 20.0
-    adam_eps: float = 1e-5
-    history: int = 3
-    max_steps: int | None = None  # cut training episodes: a truncation, its reward gets gamma * V(s_cut)
-    seed: int = 0
+from llmrl.config.glam import GlamPPO
+from llmrl.envs.make import episode_success
 
 
 class EnvSlot:
@@ -89,7 +68,7 @@ def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, h
                            "rng": _rng_state(gen), "slots": pickle.dumps(slots)}, identity)
 
 
-def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: torch.Generator) -> dict:
+def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: GlamPPO, gen: torch.Generator) -> dict:
     """``frames_per_env`` steps of every env, all envs scored as one batch per step."""
     T, N = cfg.frames_per_env, len(slots)
     buf = {"prompts": [], "cands": [], "actions": torch.zeros(T, N, dtype=torch.long),
@@ -134,7 +113,7 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: to
             if terminated or truncated:
                 buf["dones"][t, i] = 1.0
                 finished.append({"return": s.ep_return, "length": s.ep_len,
-                                 "success": bool(terminated and reward > 0)})
+                                 "success": episode_success(info, float(reward), terminated)})
                 s.obs, _ = s.env.reset()  # the env's own RNG stream continues: fixed by the first seed
                 s.history.reset(s.obs["text"])
                 s.ep_return, s.ep_len = 0.0, 0
@@ -156,7 +135,7 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: PPOConfig, gen: to
     return buf
 
 
-def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: dict, cfg: PPOConfig,
+def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: dict, cfg: GlamPPO,
                gen: torch.Generator) -> dict:
     """``epochs`` passes of clipped PPO over the flattened batch; returns statistics averaged over all of them."""
     prompts, cands = batch["prompts"], batch["cands"]
@@ -202,7 +181,7 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
     return {k: float(np.mean(v)) for k, v in stats.items()}
 
 
-def flatten(buf: dict, cfg: PPOConfig) -> dict:
+def flatten(buf: dict, cfg: GlamPPO) -> dict:
     """GAE over the [T, N] rollout, then one flat list of samples."""
     adv, returns = gae(buf["rewards"], buf["values"], buf["dones"], buf["last_value"], cfg.gamma, cfg.lam)
     return {"prompts": [p for row in buf["prompts"] for p in row],
@@ -214,8 +193,10 @@ def flatten(buf: dict, cfg: PPOConfig) -> dict:
 def train(
     agent: LLMActorCritic,
     make_env: Callable[[], gym.Env],
-    cfg: PPOConfig,
+    cfg: GlamPPO,
     *,
+    history: int,
+    seed: int,
     checkpoint: str | Path | None = None,
     run_extra: dict | None = None,
     identity: RunIdentity | None = None,
@@ -224,24 +205,24 @@ def train(
 ) -> list[dict]:
     """Train ``agent`` with PPO for ``cfg.updates`` updates; resume from ``checkpoint`` if it holds this run.
 
+    ``history`` is the prompt window (observations per prompt), ``seed`` seeds Python, NumPy, torch, the action
+    sampler and env i (``seed * 10000 + i``).
     Returns one metrics dict per update (all updates, resumed ones included). ``on_update`` is called after
     each update that this call ran, once its checkpoint is on disk. ``identity`` (``llmrl.checkpoint.run_identity``:
     params + input contents + code) decides whether the checkpoint belongs to this run; without one, the config
     and ``run_extra`` alone identify it.
     """
-    if cfg.minibatch_size % cfg.micro_batch:
-        raise ValueError(f"ppo_llm: minibatch_size {cfg.minibatch_size} is not a multiple of micro_batch "
-                         f"{cfg.micro_batch}")
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     params = [p for p in agent.parameters() if p.requires_grad]
     if not params:
         raise ValueError("ppo_llm: the agent has no trainable parameters")
     optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps)
-    identity = identity or run_identity({"cfg": asdict(cfg), "extra": run_extra or {}})
-    slots = [EnvSlot(make_env(), seed=cfg.seed * 10_000 + i, history=cfg.history) for i in range(cfg.n_envs)]
+    identity = identity or run_identity({"cfg": cfg.model_dump(), "history": history, "seed": seed,
+                                         "extra": run_extra or {}})
+    slots = [EnvSlot(make_env(), seed=seed * 10_000 + i, history=history) for i in range(cfg.n_envs)]
     update, frames, history = 0, 0, []
     ckpt = Path(checkpoint) if checkpoint else None
     state = load_resumable(ckpt, identity) if ckpt is not None else None

@@ -16,21 +16,13 @@ from torch import nn
 from llmrl.agents.student import GridStudent
 from llmrl.agents.teacher import TeacherPolicy
 from llmrl.algos.mappo import make_mappo_agent, train_mappo
-from llmrl.algos.ppo import DistillSchedule, PPOConfig, make_vector_env, train
-from llmrl.config.teach import TeachDistillParams, TeachMPEParams, TeachPPOParams, TeachTrainParams
+from llmrl.algos.ppo import make_vector_env, train
+from llmrl.config.teach import TeachMPEParams, TeachTrainParams
 from llmrl.envs import make_env
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.seeding import seed_everything
 
 Measure = Callable[[nn.Module, int], dict]
-
-
-def ppo_config(p: TeachPPOParams) -> PPOConfig:
-    return PPOConfig(**p.model_dump())
-
-
-def distill_schedule(p: TeachDistillParams) -> DistillSchedule:
-    return DistillSchedule(**p.model_dump())
 
 
 @dataclass
@@ -51,7 +43,7 @@ def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: TeachTrain
     eval mode); its dicts form the curve.
     """
     seed_everything(seed)
-    cfg = ppo_config(t.ppo)
+    cfg = t.ppo
     envs = make_vector_env(lambda: make_env(env_id), cfg.num_envs)
     width, height, _ = envs.single_observation_space.shape
     agent = GridStudent(width, height, int(envs.single_action_space.n), tuple(t.student.channels),
@@ -74,7 +66,7 @@ def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: TeachTrain
 
     point(0)
     history = train(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
-                    distill=distill_schedule(t.distill), on_iteration=step, progress=progress)
+                    distill=t.distill, on_iteration=step, progress=progress)
     envs.close()
     return TeachRun(agent, history, curve)
 
@@ -83,9 +75,9 @@ def train_spread_student(teacher: TeacherPolicy | None, m: TeachMPEParams, seed:
                          on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> TeachRun:
     """MAPPO (+ the per-agent teacher term when ``teacher``) on simple_spread for ``m.ppo.total_frames``."""
     seed_everything(seed)
-    cfg = ppo_config(m.ppo)
+    cfg = m.ppo
     envs = SpreadBatch(cfg.num_envs, m.n_agents, m.max_cycles, m.local_ratio)
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, tuple(m.hidden))
     history = train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
-                          distill=distill_schedule(m.distill), on_iteration=on_iteration, progress=progress)
+                          distill=m.distill, on_iteration=on_iteration, progress=progress)
     return TeachRun(agent, history)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmrl.config import Section
+from llmrl.config.ppo import PPOParams
 
 
 class GlamLoRA(Section):
@@ -21,15 +22,18 @@ class GlamPolicy(Section):
     length_norm: bool = Field(False, description="score candidates by mean (not summed) token log-prob")
 
 
-class GlamTrain(Section):
-    env_id: str = Field(description="BabyAI-Text level to train on")
-    n_envs: int = Field(gt=0, description="environments stepped as one batch")
-    frames_per_env: int = Field(gt=0, description="frames per environment per PPO update (original: 40)")
-    updates: int = Field(gt=0, description="PPO updates")
+class GlamPPO(Section):
+    """GLAM's PPO (``llmrl.algos.ppo_llm.train`` takes this model itself); defaults are the original's."""
+
+    n_envs: int = Field(32, gt=0, description="environments stepped as one batch")
+    frames_per_env: int = Field(40, gt=0, description="frames per environment per PPO update (original: 40)")
+    updates: int = Field(10, gt=0, description="PPO updates")
     epochs: int = Field(4, gt=0, description="PPO epochs per update")
-    minibatch_size: int = Field(gt=0, description="samples per optimiser step")
-    micro_batch: int = Field(gt=0, description="samples per forward/backward (gradient accumulation)")
-    lr: float = Field(gt=0, description="Adam learning rate")
+    minibatch_size: int = Field(64, gt=0, description="samples per optimiser step")
+    micro_batch: int = Field(4, gt=0, description="samples per forward/backward (gradient accumulation); divides "
+                                                  "minibatch_size")
+    lr: float = Field(1e-6, gt=0, description="Adam learning rate (original: 1e-6, full fine-tuning)")
+    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon")
     clip: float = Field(0.2, gt=0, description="PPO ratio and value clip")
     ent_coef: float = Field(0.01, ge=0, description="entropy bonus coefficient")
     vf_coef: float = Field(0.5, ge=0, description="value loss coefficient")
@@ -37,10 +41,26 @@ class GlamTrain(Section):
     lam: float = Field(0.99, ge=0, le=1, description="GAE lambda")
     max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
     reward_scale: float = Field(20.0, gt=0, description="reward = reward_scale x BabyAI reward")
-    max_steps: int | None = Field(None, gt=0, description="cut training episodes after this many steps")
+    max_steps: int | None = Field(None, gt=0, description="cut training episodes after this many steps (a "
+                                                          "truncation: its reward gets gamma x V(s_cut))")
+
+    @model_validator(mode="after")
+    def _micro_batch_divides_minibatch(self) -> GlamPPO:
+        if self.minibatch_size % self.micro_batch:
+            raise ValueError(f"minibatch_size {self.minibatch_size} is not a multiple of micro_batch "
+                             f"{self.micro_batch}")
+        return self
+
+
+class GlamTrain(GlamPPO):
+    env_id: str = Field(description="BabyAI-Text level to train on")
     seeds: list[int] = Field(min_length=1, description="training seeds (one glam_train item per seed x variant)")
     variants: list[Literal["lora", "full", "npae"]] = Field(
         min_length=1, description="agent variants: LoRA scoring policy, full fine-tuning, NPAE action head")
+
+    def ppo(self) -> GlamPPO:
+        """The algorithm's settings alone (what identifies a training run, without the item lists)."""
+        return GlamPPO(**self.model_dump(include=set(GlamPPO.model_fields)))
 
 
 class GlamBC(Section):
@@ -53,14 +73,7 @@ class GlamBC(Section):
 
 
 class GlamSymbolic(Section):
-    timesteps: int = Field(gt=0, description="PPO environment steps (llmrl.algos.ppo)")
-    n_envs: int = Field(gt=0, description="parallel environments (SyncVectorEnv)")
-    n_steps: int = Field(gt=0, description="rollout steps per env per update")
-    epochs: int = Field(4, gt=0, description="PPO epochs per update")
-    minibatch_size: int = Field(128, gt=0, description="samples per optimiser step")
-    lr: float = Field(gt=0, description="Adam learning rate")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
-    entropy_coef: float = Field(0.01, ge=0, description="entropy bonus coefficient")
+    ppo: PPOParams = Field(description="the Symbolic-PPO baseline's PPO (llmrl.algos.ppo, no teacher)")
     seeds: list[int] = Field(min_length=1, description="training seeds: one model per seed, pooled as seeds in "
                                                        "glam_eval")
 

@@ -29,15 +29,6 @@ class KalmEnvParams(Section):
     babyai_room_size: int = Field(8, ge=5, description="BabyAI room side in cells, walls included")
     babyai_num_distractors: int = Field(4, ge=0, description="BabyAI objects besides the goal object(s)")
 
-    def settings(self, benchmark: str):
-        """The env settings of one benchmark (``llmrl.envs.kalm_levels.EnvSettings``)."""
-        from llmrl.envs.kalm_levels import EnvSettings
-
-        if benchmark == "metaworld":
-            return EnvSettings(max_steps=self.metaworld_max_steps)
-        return EnvSettings(max_steps=self.babyai_max_steps, room_size=self.babyai_room_size,
-                           num_distractors=self.babyai_num_distractors)
-
 
 class KalmDataParams(Section):
     benchmarks: list[BenchmarkName] = Field(default_factory=lambda: ["metaworld", "babyai"], min_length=1,
@@ -149,8 +140,10 @@ class KalmGroundParams(Section):
     obs_weight: float = Field(0.5, ge=0, description="weight of L_obs (KALM: 0.5)")
     act_weight: float = Field(0.5, ge=0, description="weight of L_act (KALM: 0.5)")
     token_weight: float = Field(1.0, ge=0, description="weight of L_token (KALM: 1.0)")
-    bf16_autocast: bool = Field(True, description="torch.autocast(bfloat16) for forward/backward where the CPU "
-                                "supports bf16 (AMX/AVX-512-bf16; weights stay fp32); the dtype used is recorded")
+    bf16_autocast: bool = Field(True, description="torch.autocast(bfloat16) for forward/backward where the kernels "
+                                "run bf16 natively (CUDA, or ATen at the AVX-512/AMX level; weights stay fp32). "
+                                "Stages pin CPU kernels to AVX2 (llmrl/kernels.py), so CPU runs stay fp32 unless "
+                                "LLMRL_PIN_KERNELS=0; the dtype used is recorded")
     seed: int = Field(0, ge=0, description="seed of sampling, initialisation and batch order")
     threads: int = Field(1, gt=0, description="torch threads")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmrl.config import Section
+from llmrl.config.ppo import DistillParams, PPOParams
 
 EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
 TeacherKind = Literal["llm", "oracle", "none"]
@@ -45,34 +46,6 @@ class TeachTeacherParams(Section):
                                               "thread, and `make repro` runs two one-thread stages side by side)")
 
 
-class TeachPPOParams(Section):
-    total_frames: int = Field(gt=0, description="environment steps per run (all envs together)")
-    num_envs: int = Field(8, gt=0, description="parallel environments")
-    num_steps: int = Field(64, gt=0, description="rollout length per env per iteration")
-    epochs: int = Field(3, gt=0, description="passes over each rollout (original: 3)")
-    minibatch_size: int = Field(128, gt=0, description="minibatch size (original: 128)")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate (original: 1e-3)")
-    gamma: float = Field(0.99, gt=0, le=1, description="discount")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
-    advantage: Literal["gae", "mc"] = Field("gae", description="gae, or mc (the original's Monte-Carlo returns)")
-    clip_eps: float = Field(0.2, gt=0, description="PPO clip range (policy, and value when clip_value)")
-    clip_value: bool = Field(True, description="clip each value update to ±clip_eps around the rollout's value; "
-                             "with returns of tens (MPE) it caps the critic at 0.2 per iteration")
-    value_coef: float = Field(0.5, ge=0, description="value loss weight")
-    entropy_coef: float = Field(0.001, ge=0, description="entropy bonus weight (original: 0.001)")
-    max_grad_norm: float = Field(0.5, gt=0, description="gradient norm clip (actor and critic together)")
-    reward_scale: float = Field(1.0, gt=0, description="rewards are multiplied by this for learning only "
-                                "(returns of tens make the critic's gradient swamp the joint norm clip); "
-                                "reported returns stay raw")
-
-
-class TeachDistillParams(Section):
-    initial: float = Field(10.0, ge=0, description="λ_0 of the teacher cross-entropy (0 = pure PPO)")
-    decrement: float = Field(0.005, ge=0, description="λ decrease per iteration")
-    minimum: float = Field(0.1, ge=0, description="λ floor")
-    until_iteration: int = Field(3000, ge=0, description="iteration from which the teacher term is dropped")
-
-
 class TeachStudentParams(Section):
     channels: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1,
                                 description="3x3 convolution channels (original: 16, 32, 64)")
@@ -84,8 +57,8 @@ class TeachTrainParams(Section):
     envs: list[EnvKey] = Field(min_length=1, description="DoorKey-family environments to train on")
     teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure PPO)")
     seeds: list[int] = Field(min_length=1, description="training seeds (env and torch)")
-    ppo: TeachPPOParams
-    distill: TeachDistillParams = TeachDistillParams()
+    ppo: PPOParams
+    distill: DistillParams = DistillParams()
     student: TeachStudentParams = TeachStudentParams()
     curve_points: int = Field(8, gt=0, description="greedy evaluations along training (learning curve, AULC)")
     curve_episodes: int = Field(20, gt=0, description="episodes per learning-curve evaluation")
@@ -99,8 +72,8 @@ class TeachMPEParams(Section):
     max_cycles: int = Field(25, gt=0, description="episode length")
     local_ratio: float = Field(0.5, ge=0, le=1, description="weight of the local (collision) reward")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="actor/critic MLP widths")
-    ppo: TeachPPOParams
-    distill: TeachDistillParams = TeachDistillParams()
+    ppo: PPOParams
+    distill: DistillParams = DistillParams()
 
 
 class TeachValidationParams(Section):

@@ -286,6 +286,14 @@ class EnvSettings:
     room_size: int = 8
     num_distractors: int = 4
 
+    @classmethod
+    def for_benchmark(cls, env_params, benchmark: str) -> EnvSettings:
+        """One benchmark's settings from the ``kalm.env`` params (``llmrl.config.kalm.KalmEnvParams``)."""
+        if benchmark == "metaworld":
+            return cls(max_steps=env_params.metaworld_max_steps)
+        return cls(max_steps=env_params.babyai_max_steps, room_size=env_params.babyai_room_size,
+                   num_distractors=env_params.babyai_num_distractors)
+
 
 def make_goal_env(goal: Goal, seed: int = 0, settings: EnvSettings | None = None) -> gym.Env:
     """The goal's environment, reset once with ``seed``; ``info["success"]`` is the level's own checker.

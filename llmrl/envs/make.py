@@ -7,8 +7,26 @@ import io
 import logging
 
 import gymnasium as gym
+import numpy as np
 
 log = logging.getLogger(__name__)
+
+
+def episode_success(info: dict, reward: float, terminated: bool) -> bool:
+    """The one definition of an episode's success, for training statistics and evaluation alike: the env's own
+    ``info["success"]`` where it reports one (DoorKey family, Meta-World, KALM's levels), else the episode
+    terminated on a positive reward (BabyAI, BabyAI-Text)."""
+    if "success" in info:
+        return bool(info["success"])
+    return bool(terminated and reward > 0)
+
+
+def episode_successes(final_info: dict, rewards: np.ndarray, terminated: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """``episode_success`` for every env of a vector step (``final_info`` of gymnasium's same-step autoreset):
+    a bool per env, False where no episode ended."""
+    if "success" in final_info:
+        return np.asarray(final_info["success"], dtype=bool) & done
+    return (rewards > 0) & terminated & done
 
 
 def _register_all() -> None:

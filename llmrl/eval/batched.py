@@ -16,7 +16,8 @@ from typing import Any, Protocol
 import gymnasium as gym
 from tqdm.auto import tqdm
 
-from llmrl.eval.harness import EpisodeRecord, EvalResult, Mode, _episode_success
+from llmrl.envs.make import episode_success
+from llmrl.eval.harness import EpisodeRecord, EvalResult, Mode
 
 
 class BatchPolicy(Protocol):
@@ -77,7 +78,7 @@ def evaluate_batched(
                 truncated = True
             if terminated or truncated:
                 records[ep[0]] = EpisodeRecord(seed=int(seeds[ep[0]]), episode_return=ep[2], length=ep[3],
-                                               success=_episode_success(info, float(reward), terminated))
+                                               success=episode_success(info, float(reward), terminated))
                 bar.update(1)
                 start(slot)
     bar.close()

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from llmrl.data.trajectories import Episode
+from llmrl.envs.make import episode_success
 from llmrl.eval.stats import mean_interval, wilson_interval
 
 Mode = Literal["greedy", "sampled"]
@@ -84,12 +85,6 @@ def _split_obs(obs: Any) -> tuple[dict[str, Any], str]:
     return {"obs": obs}, ""
 
 
-def _episode_success(info: dict, reward: float, terminated: bool) -> bool:
-    if "success" in info:
-        return bool(info["success"])
-    return bool(terminated and reward > 0)
-
-
 def run_episode(
     env: gym.Env,
     policy: Policy,
@@ -125,7 +120,7 @@ def run_episode(
             steps["truncated"].append(truncated and not terminated)
         if terminated or truncated:
             break
-    success = _episode_success(info, float(reward), terminated)
+    success = episode_success(info, float(reward), terminated)
     rec = EpisodeRecord(seed=seed, episode_return=ret, length=t, success=success)
     episode = None
     if record:

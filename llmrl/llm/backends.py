@@ -4,18 +4,24 @@
 planners). ``LocalBackend`` runs a loaded model in-process; ``OpenAICompletionsBackend`` and
 ``OpenAIChatBackend`` call OpenAI-compatible endpoints through the official ``openai`` client;
 ``CachedBackend`` wraps any of them and stores each reply on disk under the hash of (model, messages,
-sampling settings, seed), so a stage re-runs offline with identical output.
+sampling settings, seed), so a stage re-runs offline with identical output. ``SharedPromptBackend`` answers
+many copies of one prompt from a single prefill (LLM4Teach's planner); ``LazyBackend`` builds any backend on
+first use.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import numpy as np
+import torch
 
 from llmrl.io import atomic_path
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
@@ -242,3 +248,74 @@ class CachedBackend:
                 self.cache.put(keys[i], fresh[i], model_id=self.model_id, prompt=prompts[i], sampling=sampling)
                 results[i] = fresh[i]
         return results  # type: ignore[return-value]
+
+
+class LazyBackend:
+    """A backend built on first use: a run whose replies are all cached never loads the model."""
+
+    def __init__(self, model_id: str, factory: Callable[[], Backend]):
+        self.model_id = model_id
+        self._factory = factory
+        self._backend: Backend | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._backend is not None
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        if self._backend is None:
+            self._backend = self._factory()
+        return self._backend.generate(prompts, sampling)
+
+
+class SharedPromptBackend:
+    """A local model that answers k copies of one prompt from a single prefill, its KV cache repeated k times.
+
+    The planner sends the same prompt ``n_ask`` times; on a small CPU model the prompt's prefill costs about
+    ten times the 24-token replies, so computing it once makes a planner query several times cheaper. Replies
+    are seeded like ``llmrl.llm.generate`` (``sampling.seed`` per call) but are not the same samples, hence
+    the distinct ``model_id`` (and reply-cache keys).
+    """
+
+    def __init__(self, llm, batch_size: int = 10):
+        self.llm = llm
+        self.batch_size = batch_size  # copies decoded together; bounds memory on large models
+        self.model_id = f"local-shared-prompt:{llm.spec}"
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
+        tok, model = self.llm.tokenizer, self.llm.model
+        eos = {tok.eos_token_id, *np.atleast_1d(model.generation_config.eos_token_id or [])} - {None}
+        out: list[Generation | None] = [None] * len(prompts)
+        groups: dict[str, list[int]] = {}
+        rendered = [self.llm.render(p) for p in prompts]
+        for i, r in enumerate(rendered):
+            groups.setdefault(r, []).append(i)
+        model.eval()
+        for text, idx in groups.items():
+            ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids.to(self.llm.device)
+            kwargs = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=tok.pad_token_id or tok.eos_token_id,
+                          eos_token_id=[int(e) for e in eos])
+            if sampling.greedy:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            else:
+                kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                              top_k=sampling.top_k or None)
+            # Stop strings are applied after decoding: transformers' stop-string matcher costs seconds to set
+            # up per call, more than the few tokens it would save.
+            rows: list[list[int]] = []
+            with torch.no_grad(), torch.random.fork_rng():
+                torch.manual_seed(sampling.seed)
+                prefix = model(ids[:, :-1], use_cache=True).past_key_values  # prefill once, all but the last token
+                for lo in range(0, len(idx), self.batch_size):
+                    k = min(self.batch_size, len(idx) - lo)
+                    cache = copy.deepcopy(prefix) if lo + k < len(idx) else prefix
+                    cache.batch_repeat_interleave(k)
+                    batch = ids.repeat(k, 1)
+                    gen = model.generate(batch, attention_mask=torch.ones_like(batch), past_key_values=cache, **kwargs)
+                    rows += gen[:, ids.shape[1]:].tolist()
+            for i, row in zip(idx, rows):
+                n = next((j for j, t in enumerate(row) if t in eos), len(row))
+                reply, hit_stop = truncate_at_stop(tok.decode(row[:n], skip_special_tokens=True), sampling.stop)
+                out[i] = Generation(prompt=text, text=reply, n_tokens=n,
+                                    finish_reason="stop" if n < len(row) or hit_stop else "length")
+        return out  # type: ignore[return-value]

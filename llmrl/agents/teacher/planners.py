@@ -1,0 +1,173 @@
+"""Planners: text → ``PlanDistribution``. ``OraclePlanner`` answers with hand-written rules; ``LLMPlanner`` asks an
+LLM backend ``n_ask`` times per text and counts faults; ``plan_texts`` bounds a whole planning pass."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+
+from llmrl.agents.teacher.describe import TaskKind
+from llmrl.agents.teacher.prompts import (FALLBACK_PLAN, PROMPTS, PlanDistribution, PlanReply, canonical_plan,
+                                          parse_reply, validate_plan)
+from llmrl.llm.backends import Backend, CacheMissError, llm_fault_types
+from llmrl.llm.generate import SamplingConfig
+
+class OraclePlanner:
+    """Hand-written plans for every text of a task kind: what a perfect planner would answer."""
+
+    name = "oracle"
+
+    def __init__(self, kind: TaskKind):
+        self.kind = kind
+
+    def plan(self, text: str) -> PlanDistribution:
+        return PlanDistribution((oracle_plan(self.kind, text),), (1.0,), n_plan=1)
+
+
+def _seen_held(text: str) -> tuple[list[str], str]:
+    seen_part, _, held_part = text.partition("holds")
+    seen = [s for s in re.findall(r"<([^>]+)>", seen_part) if s != "nothing"]
+    held = re.findall(r"<([^>]+)>", held_part)
+    return seen, held[0] if held else "nothing"
+
+
+def oracle_plan(kind: TaskKind, text: str) -> str:
+    """The scripted planner's answer for a (canonical) text."""
+    if kind == "simple_spread":
+        free = re.findall(r"<(landmark \d)> free", text)
+        return f"go to <{free[0] if free else 'landmark 1'}>"
+    seen, held = _seen_held(text)
+    doors = [s for s in seen if s.endswith(("door", "door1", "door2"))]
+    keys = [s for s in seen if s.endswith("key")]
+    if kind == "coloreddoorkey":
+        door = doors[0] if doors else None
+        match = door.replace("door", "key") if door else None
+        if door is None:
+            return "explore"
+        if held == match:
+            return f"go to <{door}>, open <{door}>"
+        if match in keys:
+            prefix = f"drop <{held}>, " if held != "nothing" else ""
+            return f"{prefix}go to <{match}>, pick up <{match}>"
+        return "explore"
+    if held != "nothing":
+        return f"go to <{doors[0]}>, open <{doors[0]}>" if doors else "explore"
+    if keys:
+        return f"go to <{keys[0]}>, pick up <{keys[0]}>"
+    return "explore"
+
+
+LLM_FAULTS = llm_fault_types()
+
+
+class LLMPlanner:
+    """Plans from ``n_ask`` sampled LLM replies per text; see the module docstring.
+
+    ``answer_prefix`` starts the assistant's turn (e.g. "Action: {" for a model too small to follow the
+    three-part answer format); the reply is parsed with the prefix in front. Every query is kept in
+    ``records`` (prompt, replies, their types, the distribution) so a stage can save them.
+    """
+
+    name = "llm"
+
+    def __init__(self, kind: TaskKind, backend: Backend, *, n_ask: int = 10,
+                 sampling: SamplingConfig = SamplingConfig(max_new_tokens=64, temperature=0.9),
+                 answer_prefix: str = "", fallback_plan: str = FALLBACK_PLAN):
+        if n_ask < 1:
+            raise ValueError(f"n_ask: must be >= 1, got {n_ask}")
+        if fallback_plan != FALLBACK_PLAN and validate_plan(canonical_plan(fallback_plan), kind):
+            raise ValueError(f"fallback_plan: {fallback_plan!r} is not a valid {kind} plan "
+                             f"({validate_plan(canonical_plan(fallback_plan), kind)})")
+        self.kind = kind
+        self.backend = backend
+        self.n_ask = n_ask
+        self.sampling = sampling
+        self.answer_prefix = answer_prefix
+        self.fallback_plan = fallback_plan
+        self.memo: dict[str, PlanDistribution] = {}
+        self.records: list[dict] = []
+
+    def prompt(self, text: str) -> list[dict]:
+        task, example = PROMPTS[self.kind]
+        messages = [{"role": "user", "content": f"{task}\n\n{example}\n{text}"}]
+        if self.answer_prefix:
+            messages.append({"role": "assistant", "content": self.answer_prefix})
+        return messages
+
+    def plan(self, text: str) -> PlanDistribution:
+        if text in self.memo:
+            return self.memo[text]
+        prompt = self.prompt(text)
+        try:
+            gens = self.backend.generate([prompt] * self.n_ask, self.sampling)
+        except LLM_FAULTS as err:  # a failing LLM is data: every reply of this query is an error record
+            replies = [PlanReply("error", "", f"{type(err).__name__}: {err}")] * self.n_ask
+            rendered = ""
+            repeated = 0
+        except CacheMissError as err:  # an offline run whose reply cache lacks this text: fail, naming it
+            raise CacheMissError(f"{err.args[0] if err.args else err} (planner text {text!r}; re-run "
+                                 "teach_plans to fill the reply cache)") from err
+        else:
+            replies = [parse_reply(self.answer_prefix + g.text, self.kind) for g in gens]
+            rendered = gens[0].prompt if gens else ""
+            # Replies of an endpoint that answered the prefix in a new turn instead of continuing it.
+            repeated = sum(g.prefix_repeated for g in gens)
+        dist = PlanDistribution.from_replies(replies, self.fallback_plan)
+        self.memo[text] = dist
+        self.records.append({"text": text, "messages": prompt, "rendered_prompt": rendered,
+                             "prefix_repeated": repeated,
+                             "replies": [asdict(r) for r in replies], "distribution": asdict(dist)})
+        return dist
+
+    def stats(self) -> dict:
+        """Reply counts and rates over every text queried so far."""
+        n = {k: sum(getattr(d, f"n_{k}") for d in self.memo.values()) for k in ("plan", "invalid", "error")}
+        total = sum(n.values())
+        reasons: Counter[str] = Counter()
+        for d in self.memo.values():
+            reasons.update(dict(d.invalid_reasons))
+        return {
+            "texts": len(self.memo),
+            "replies": total,
+            "valid_replies": n["plan"],
+            "invalid_replies": n["invalid"],
+            "error_replies": n["error"],
+            "invalid_rate": n["invalid"] / total if total else 0.0,
+            "error_rate": n["error"] / total if total else 0.0,
+            "fallback_texts": sum(d.fallback for d in self.memo.values()),
+            "invalid_reasons": {r: reasons[r] for r in ("no_action", "unknown_verb", "unknown_object")},
+        }
+
+
+class LLMOutageError(RuntimeError):
+    """The LLM failed too often (or too slowly) for its plans to stand for the teacher."""
+
+
+def plan_texts(planner: LLMPlanner, texts: Sequence[str], *, max_error_rate: float, deadline_s: float | None,
+               clock: Callable[[], float] = time.monotonic) -> dict[str, PlanDistribution]:
+    """Each text's plan distribution, or ``LLMOutageError`` as soon as the outcome is an outage.
+
+    Fails fast: once the error replies exceed ``max_error_rate`` of all the replies this pass will ask for
+    (``len(texts) * n_ask``), no later text can bring the rate back under it. ``deadline_s`` bounds the whole
+    pass (checked after every text; one text is bounded by the backend's own timeout and retries).
+    """
+    start, planned = clock(), len(texts) * planner.n_ask
+    out = {}
+    for text in texts:
+        out[text] = planner.plan(text)
+        errors = sum(d.n_error for d in planner.memo.values())
+        if errors > max_error_rate * planned:
+            first = next(r for rec in planner.records for r in rec["replies"] if r["kind"] == "error")
+            raise LLMOutageError(
+                f"teach.teacher.max_error_rate: {errors} of {planned} planned replies failed already (> "
+                f"{max_error_rate:.0%}; first: {first['raw']}); the stage writes nothing")
+        if deadline_s is not None and clock() - start > deadline_s:
+            raise LLMOutageError(f"teach.teacher.deadline_s: planning passed {deadline_s:.0f} s after "
+                                 f"{len(out)} of {len(texts)} texts; the stage writes nothing")
+    return out
+
+
+Planner = OraclePlanner | LLMPlanner

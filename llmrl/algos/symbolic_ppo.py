@@ -1,0 +1,22 @@
+"""Symbolic-PPO baseline's training: the project's CleanRL-style PPO (``llmrl.algos.ppo``, shared with LLM4Teach's
+student, no teacher) on BabyAI(-Text) envs seen through ``llmrl.agents.symbolic.SymbolicObs``."""
+
+from __future__ import annotations
+
+import torch
+
+from llmrl.agents.symbolic import SymbolicActorCritic, SymbolicObs
+from llmrl.algos.ppo import make_vector_env, train
+from llmrl.config.ppo import PPOParams
+
+
+def train_symbolic(make_env, cfg: PPOParams, *, seed: int, progress: bool = True
+                   ) -> tuple[SymbolicActorCritic, list[dict]]:
+    """A fresh ``SymbolicActorCritic`` trained on ``cfg.num_envs`` copies of ``make_env()``; returns it and the
+    per-iteration stats."""
+    torch.manual_seed(seed)
+    agent = SymbolicActorCritic()
+    envs = make_vector_env(lambda: SymbolicObs(make_env()), cfg.num_envs)
+    history = train(envs, agent, cfg, seed=seed, progress=progress)
+    envs.close()
+    return agent, history
