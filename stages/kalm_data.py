@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrl.config.kalm import KalmDataParams, KalmEnvParams
-from llmrl.data.kalm_data import expert_episodes, rule_agreement
+from llmrl.envs.kalm_episodes import expert_episodes, rule_agreement
 from llmrl.data.trajectories import TrajectoryWriter
 from llmrl.envs import kalm_levels as kl
 from llmrl.fingerprint import fingerprint_line

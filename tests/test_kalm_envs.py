@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from llmrl.data.kalm_data import expert_episodes, labelled_episode, rule_agreement
+from llmrl.envs.kalm_episodes import expert_episodes, labelled_episode, rule_agreement
 from llmrl.data.trajectories import TrajectoryWriter
 from llmrl.envs import kalm_babyai as bab
 from llmrl.envs import kalm_levels as kl

@@ -137,7 +137,7 @@ def test_imagined_rollouts_stop_by_the_rule_and_rewards_follow_it():
     settings = kl.EnvSettings(max_steps=16)
     env = kl.make_goal_env(goal, 0, settings)
     target = None
-    from llmrl.data.kalm_data import expert_episodes
+    from llmrl.envs.kalm_episodes import expert_episodes
     ep = next(iter(expert_episodes("babyai", [goal], 1, seed=0, settings=settings, action_noise=0.0)))
     if ep.terminated[-1]:
         target = ep.observations["next_obs"][-1]

@@ -10,7 +10,7 @@ from llmrl.agents.offline_policy import OfflinePolicy
 from llmrl.config import ParamsError, load_section
 from llmrl.config.kalm import KalmOfflineParams, OfflineAlgo
 from llmrl.data.embeddings import EmbeddingTable, MissingEmbeddingError
-from llmrl.data.kalm_data import expert_episodes
+from llmrl.envs.kalm_episodes import expert_episodes
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
 from llmrl.eval.kalm import EnvPool, offline_act, random_act, run_level

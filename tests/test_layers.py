@@ -1,6 +1,7 @@
 """Layers point down (issue 15, item 4): a module may import only from its own layer or the layers below it.
 
-From the bottom: utilities (io, config, kernels, seeding, fingerprint) → llm, envs → agents → algos → eval.
+From the bottom: utilities (io, config, kernels, seeding, fingerprint) → data (formats) → llm, envs → agents →
+algos → eval.
 The check reads every module's imports (top-level and inside functions) with ``ast``.
 """
 
@@ -17,6 +18,7 @@ FORBIDDEN = {
     "kernels": {"llm", "envs", "agents", "algos", "eval"},
     "seeding": {"llm", "envs", "agents", "algos", "eval"},
     "fingerprint": {"llm", "envs", "agents", "algos", "eval"},
+    "data": {"llm", "envs", "agents", "algos", "eval"},
     "llm": {"agents", "algos", "eval"},
     "envs": {"agents", "algos", "eval"},
     "agents": {"algos", "eval"},

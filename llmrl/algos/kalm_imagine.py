@@ -3,7 +3,7 @@
 For rollout i of a level: goal = goals[i % len(goals)], real initial state s_0 from ``make_goal_env(goal, seed + i)``;
 the grounded model imagines (a_t, s_{t+1}) step by step through its KV cache (``GroundedLM.imagine``) and stops at
 the horizon or at the first imagined s_{t+1} that satisfies the level's observation rule (``obs_success``).
-Rewards and terminals come from ``label_rewards`` through ``llmrl.data.kalm_data.labelled_episode``: the same rule
+Rewards and terminals come from ``label_rewards`` through ``llmrl.envs.kalm_episodes.labelled_episode``: the same rule
 as the real data. Episodes carry ``info["imaginary"] = True``.
 
 Rollout quality (not measured in KALM): each imagined action sequence is replayed open-loop in the real env from
@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrl.config.kalm import KalmImagineParams
-from llmrl.data.kalm_data import labelled_episode
+from llmrl.envs.kalm_episodes import labelled_episode
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
 from llmrl.llm.grounded import GroundedLM
