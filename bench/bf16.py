@@ -19,19 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-os.environ["LLMRL_PIN_KERNELS"] = "0"  # before stages/common pins them: bf16 needs the CPU's own kernels
+os.environ["LLMRL_PIN_KERNELS"] = "0"  # before bench/score.py pins them: bf16 needs the CPU's own kernels
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
 sys.path.insert(0, str(ROOT / "bench"))
-import common  # noqa: E402,F401  (keeps caches under .cache/)
 from score import ACTIONS, babyai_prompt  # noqa: E402  (the scoring benchmark's prompts)
 
 from llmrl.fingerprint import cpu_supports_bf16, environment_fingerprint  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 from llmrl.llm import load_model, score  # noqa: E402
 
 BATCH, TOKENS, REPEATS, THREADS = 8, 200, 3, 1

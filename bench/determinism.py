@@ -1,6 +1,6 @@
 """Measurement: is a small RL network's training byte-identical across CPU kernel levels, thread counts and MKL modes?
 
-Trains LLM4Teach's student PPO (``llmrl.algos.ppo``, the MLP student on MiniGrid-DoorKey-5x5, 4 envs x 128 steps,
+Trains LLM4Teach's student PPO (``llmrl.algos.distilled_ppo``, the MLP student on MiniGrid-DoorKey-5x5, 4 envs x 128 steps,
 a few iterations) once per variant, each in a fresh subprocess (ATen reads ``ATEN_CPU_CAPABILITY`` and MKL reads
 ``MKL_CBWR`` at start-up), and hashes (a) the final parameters' bytes and (b) the per-iteration metrics (fps and
 timings removed). A variant is *identical* when its hashes equal the reference's (default kernel level, 1 thread,
@@ -52,7 +52,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
     from minigrid.wrappers import ImgObsWrapper
 
     from llmrl.agents.student import MLPStudent
-    from llmrl.algos.ppo import make_vector_env, train
+    from llmrl.algos.distilled_ppo import make_vector_env, train
     from llmrl.config.ppo import PPOParams
     from llmrl.envs import make_env
     from llmrl.seeding import seed_everything
@@ -98,7 +98,7 @@ def _write(results: dict, args, last: dict) -> dict:
                        "torch": last["torch"], "load_average_1min_at_write": os.getloadavg()[0]},
            "reference": next(iter(results)), "variants": results, "groups_of_identical_results": list(groups.values())}
     sys.path.insert(0, str(ROOT))
-    from llmrl.io import write_json
+    from llmrl.files import write_json
 
     write_json(ROOT / "bench" / "results" / "determinism.json", doc)
     return doc

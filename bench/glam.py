@@ -24,8 +24,11 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
-import common  # noqa: E402,F401  (keeps caches under .cache/)
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.process import keep_caches_under  # noqa: E402
+
+keep_caches_under(ROOT / ".cache")
+pin_cpu_kernels()  # the stages' float path (stages/common.py)
 
 import llmrl.agents.llm_policy as llm_policy  # noqa: E402
 from llmrl.llm.score import ScoreOutput, _tokenize_left_padded  # noqa: E402
@@ -111,7 +114,7 @@ def main() -> None:
         "machine": {"cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()), "threads": THREADS,
                     "platform": platform.platform(), "torch": torch.__version__},
     }
-    from llmrl.io import write_json
+    from llmrl.files import write_json
 
     write_json(ROOT / "bench" / "results" / "glam.json", report)
     print(f"ratio {ratio:.2f} (target {TARGET}) -> bench/results/glam.json")

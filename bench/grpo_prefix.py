@@ -1,7 +1,7 @@
 """Benchmark: TRL's GRPO with the shared prompt prefix computed once, against TRL's own whole-prompt scoring.
 
-The math stage's GRPO set-up (``grpo_math.trainer_params``: few-shot chat prompts, LoRA, the stage's
-problems per round, group size, micro-batch and answer tokens from params.yaml's ``reinforce_train.common``),
+The llm_rl_train stage's GRPO set-up (``llm_rl_grpo.trainer_params``: few-shot chat prompts, LoRA, the stage's
+problems per round, group size, micro-batch and answer tokens from params.yaml's ``llm_rl.train.common``),
 one generation round each, timed in this process one after the other on the same model and seeds. The
 reference is TRL's scoring with activation checkpointing (what the stage ran before); the figure of merit is
 the ratio of wall times (target >= 2), and the per-step losses must agree. Model: LLMRL_BENCH_MODEL, default
@@ -23,14 +23,18 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
-from common import stage_params  # noqa: E402  (also keeps caches under .cache/)
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.process import keep_caches_under  # noqa: E402
+
+keep_caches_under(ROOT / ".cache")
+pin_cpu_kernels()  # the stages' float path (stages/common.py)
+from llmrl.config import load_section, read_params  # noqa: E402
 
 from llmrl.algos.grpo import train  # noqa: E402
-from llmrl.algos.grpo_math import build_trainer, trainer_params  # noqa: E402
-from llmrl.config.math import ReinforceTrainParams  # noqa: E402
-from llmrl.data.math_gen import generated_splits  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.algos.llm_rl_grpo import build_trainer, trainer_params  # noqa: E402
+from llmrl.config.llm_rl import ReinforceTrainParams  # noqa: E402
+from llmrl.envs.word_problems.generator import generated_splits  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 from llmrl.llm import load_model  # noqa: E402
 from llmrl.seeding import seed_everything  # noqa: E402
 
@@ -54,7 +58,7 @@ def main() -> None:
     default = str(ROOT / "models" / "base_llm") if (ROOT / "models" / "base_llm").is_dir() else "tiny"
     spec = os.environ.get("LLMRL_BENCH_MODEL", default)
     torch.set_num_threads(1)  # as the stage runs
-    p = stage_params("reinforce_train", ReinforceTrainParams)
+    p = load_section(read_params(ROOT / "params.yaml"), "llm_rl.train", ReinforceTrainParams)
     common = p.common.model_copy(update={"iterations": 1})
     train_split, _ = generated_splits(200, 10, seed=0)
     shots, problems = train_split[: common.few_shot], train_split[common.few_shot:]

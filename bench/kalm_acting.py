@@ -29,7 +29,7 @@ from llmrl.envs import kalm_levels as kl  # noqa: E402
 from llmrl.eval.harness import run_episode  # noqa: E402
 from llmrl.eval.kalm import EnvPool, grounded_act, run_level  # noqa: E402
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 from llmrl.llm.grounded import GroundedLM  # noqa: E402
 
 from kalm_rollouts import metaworld_model  # noqa: E402  (this folder is on sys.path when a bench runs)

@@ -34,7 +34,7 @@ from llmrl.data.embeddings import EmbeddingTable  # noqa: E402
 from llmrl.data.trajectories import read_episodes  # noqa: E402
 from llmrl.envs import kalm_levels as kl  # noqa: E402
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 
 TARGET = 0.95
 ALGOS = {"babyai": [("DiscreteBC", {"batch_size": 64}), ("DiscreteCQL", {"batch_size": 64})],

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmrl.envs import kalm_levels as kl  # noqa: E402
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 from llmrl.llm.grounded import GroundedLM, GroundingSpec, build_grounded  # noqa: E402
 
 TARGET = 5.0

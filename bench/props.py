@@ -27,14 +27,17 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
-import common  # noqa: E402,F401  (keeps caches under .cache/)
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.process import keep_caches_under  # noqa: E402
+
+keep_caches_under(ROOT / ".cache")
+pin_cpu_kernels()  # the stages' float path (stages/common.py)
 
 from llmrl.agents.linear_policy import evaluate_params, evaluate_params_loop, policy_for  # noqa: E402
 from llmrl.algos.props_search import build_optimizer_llm, props_search  # noqa: E402
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams  # noqa: E402
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 
 TARGET = 2.0
 K = 4

@@ -26,14 +26,17 @@ import torch
 from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
-import common  # noqa: E402,F401  (keeps caches under .cache/)
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.process import keep_caches_under  # noqa: E402
 
-from llmrl.algos.grpo_math import build_trainer, trainer_params  # noqa: E402
-from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig  # noqa: E402
-from llmrl.config.math import CommonTrainParams, GRPOParams, LoraParams  # noqa: E402
-from llmrl.data.math_gen import generated_splits  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+keep_caches_under(ROOT / ".cache")
+pin_cpu_kernels()  # the stages' float path (stages/common.py)
+
+from llmrl.algos.llm_rl_grpo import build_trainer, trainer_params  # noqa: E402
+from llmrl.algos.reinforce_kl import ReinforceKL  # noqa: E402
+from llmrl.config.llm_rl import CommonTrainParams, GRPOParams, ReinforceKLParams, ReinforceTrainParams  # noqa: E402
+from llmrl.envs.word_problems.generator import generated_splits  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 from llmrl.llm import LoraSettings, load_model  # noqa: E402
 from llmrl.seeding import seed_everything  # noqa: E402
 
@@ -62,15 +65,17 @@ def main() -> None:
     train, _ = generated_splits(200, 10, seed=0)
     shots, problems = train[:2], train[2:]
 
-    ours_cfg = ReinforceKLConfig(iterations=BATCHES + 1, problems_per_iteration=PROBLEMS, group_size=GROUP,
-                                 max_steps=1, max_new_tokens=NEW_TOKENS, micro_batch=PROBLEMS * GROUP,
-                                 gen_batch_size=PROBLEMS * GROUP, beta=0.25, lr=1e-4)
+    ours_cfg = ReinforceTrainParams(
+        common=CommonTrainParams(iterations=BATCHES + 1, problems_per_iteration=PROBLEMS, group_size=GROUP,
+                                 line_tokens=NEW_TOKENS, answer_tokens=NEW_TOKENS, micro_batch=PROBLEMS * GROUP,
+                                 gen_batch_size=PROBLEMS * GROUP, lr=1e-4, temperature=1.0, lora=LORA),
+        reinforce_kl=ReinforceKLParams(max_steps=1, beta=0.25))
     ours = ReinforceKL(load_model(spec, lora=LORA), ours_cfg, problems, shots)
 
     trl_cfg = trainer_params(CommonTrainParams(
         iterations=BATCHES + 1, problems_per_iteration=PROBLEMS, group_size=GROUP, micro_batch=PROBLEMS * GROUP,
         answer_tokens=NEW_TOKENS, line_tokens=NEW_TOKENS, lr=1e-4, temperature=1.0,
-        lora=LoraParams(r=LORA.r, alpha=LORA.alpha, dropout=LORA.dropout)), GRPOParams())
+        lora=LORA), GRPOParams())
     # TRL's own scoring is the reference here (bench/grpo_prefix.py measures the shared-prefix trainer).
     trl_cfg = trl_cfg.model_copy(update={"share_prompt_prefix": False, "gradient_checkpointing": True})
     timer = StepTimer()

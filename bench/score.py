@@ -19,10 +19,13 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
-import common  # noqa: E402,F401  (keeps caches under .cache/)
+from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.process import keep_caches_under  # noqa: E402
 
-from llmrl.io import write_json  # noqa: E402
+keep_caches_under(ROOT / ".cache")
+pin_cpu_kernels()  # the stages' float path (stages/common.py)
+
+from llmrl.files import write_json  # noqa: E402
 from llmrl.llm import load_model, score, score_naive  # noqa: E402
 
 ACTIONS = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle"]

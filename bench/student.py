@@ -1,4 +1,4 @@
-"""Benchmark: training frames per second of llmrl's PPO (``llmrl.algos.ppo``) against Stable-Baselines3 PPO.
+"""Benchmark: training frames per second of llmrl's PPO (``llmrl.algos.distilled_ppo``) against Stable-Baselines3 PPO.
 
 Same task (MiniGrid-DoorKey-5x5-v0, 7x7x3 egocentric image flattened), same network (separate actor and
 critic MLPs 147 → 64 → 64 → out, tanh — SB3's MlpPolicy default; its NatureCNN does not take 7x7 images),
@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmrl.agents.student import MLPStudent  # noqa: E402
-from llmrl.algos.ppo import make_vector_env, train  # noqa: E402
+from llmrl.algos.distilled_ppo import make_vector_env, train  # noqa: E402
 from llmrl.config.ppo import PPOParams  # noqa: E402
 from llmrl.envs import make_env  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 
 ENV_ID = "MiniGrid-DoorKey-5x5-v0"
 N_ENVS, N_STEPS, EPOCHS, MINIBATCH, HIDDEN = 4, 128, 4, 64, (64, 64)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from llmrl.io import atomic_path
+from llmrl.files import atomic_path
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from llmrl.io import atomic_path
+from llmrl.files import atomic_path
 
 
 def run_seeds(run_seed: Callable[[int], None], seeds: Sequence[int], workers: int) -> None:

@@ -2,7 +2,7 @@
 
 For each stage of dvc.yaml (plain, `foreach` and `matrix` stages alike) the stage script named in `cmd`
 (`python stages/<name>.py ...`) is parsed with `ast`, never executed, and its import closure is followed through the
-project's own files only: `stages/*.py` (the scripts import `common`, `teach_common`, ... from their own folder) and
+project's own files only: `stages/*.py` (the scripts import `common`, `llm4teach_common`, ... from their own folder) and
 `llmrl/**/*.py`, including every package `__init__.py` an import passes through (Python runs them). Imports inside
 functions count too (they run when that code path runs); imports of third-party packages are outside the closure.
 Package data a module reads is counted with it: a non-Python entry beside the module (a file, or a folder that is
@@ -68,7 +68,7 @@ def _module_file(root: Path, dotted: str, search: list[Path]) -> tuple[Path | No
 
 
 def _package_of(root: Path, file: Path) -> list[str]:
-    """Dotted package parts of a project file (`llmrl/algos/ppo.py` -> ['llmrl', 'algos']); [] for a script folder."""
+    """Dotted package parts of a project file (`llmrl/algos/distilled_ppo.py` -> ['llmrl', 'algos']); [] for a script folder."""
     parts: list[str] = []
     d = file.parent
     while (d / "__init__.py").is_file() and d != root:

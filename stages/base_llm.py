@@ -1,6 +1,8 @@
 """Stage base_llm: materialise the base model spec into models/base_llm/ (safetensors + tokenizer)."""
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import torch
 

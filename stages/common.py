@@ -1,6 +1,7 @@
-"""Shared start of every stage script: keep caches inside the repo, read and validate one params section.
+"""What every stage script shares: its process set-up, its params section, its dvclive logger, model specs.
 
-Every stage lists this file as a dependency in dvc.yaml.
+Importing this module changes nothing; a stage script calls ``prepare_stage_process()`` at its top. Every stage
+lists this file as a dependency in dvc.yaml.
 """
 
 from __future__ import annotations
@@ -12,27 +13,27 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from llmrl.config import ParamsError, load_section, read_params
+from llmrl.kernels import pin_cpu_kernels
+from llmrl.process import keep_caches_under
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# Nothing writes to $HOME: HF, Prefect, matplotlib and friends keep their state under .cache/ (ignored).
-_CACHE = ROOT / ".cache"
-for var, sub in [("HF_HOME", "hf"), ("PREFECT_HOME", "prefect"), ("MPLCONFIGDIR", "matplotlib"),
-                 ("XDG_CACHE_HOME", "xdg"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-                 ("TRITON_CACHE_DIR", "triton")]:
-    os.environ.setdefault(var, str(_CACHE / sub))
-    Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-
-# Before anything dispatches a torch kernel: the same float path on AVX2 and AVX-512 CPUs (llmrl/kernels.py).
-from llmrl.kernels import pin_cpu_kernels  # noqa: E402
-
-pin_cpu_kernels()
-
-from llmrl.config import ParamsError, load_section, read_params  # noqa: E402
-
 log = logging.getLogger("llmrl.stage")
+
+
+def prepare_stage_process(torch_threads: int | None = None) -> None:
+    """The stage process's set-up, called at the top of a stage script before it imports torch, transformers or
+    the HF hub (they read these variables at import): caches under the repo's .cache/ (nothing writes to $HOME),
+    ATen's and oneDNN's kernels pinned to one float path (``llmrl.kernels``; before torch's first kernel
+    dispatch), and, with ``torch_threads``, torch's intra-op threads. Spawned worker processes run the script's
+    top again, so they get the same set-up."""
+    keep_caches_under(ROOT / ".cache")
+    pin_cpu_kernels()
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
 
 
 def stage_params(section: str, model, params_file: str | os.PathLike = ROOT / "params.yaml"):
@@ -55,7 +56,7 @@ def open_live(folder: str | os.PathLike) -> Iterator:
     run's curves beside the previous run's models and metrics."""
     from dvclive import Live
 
-    from llmrl.io import atomic_path
+    from llmrl.files import atomic_path
 
     with atomic_path(folder, is_dir=True) as tmp, Live(dir=str(tmp), save_dvc_exp=False, dvcyaml=None,
                                                      report=None) as live:

@@ -1,13 +1,15 @@
 """Stage demos: BabyAI bot demonstrations, one HDF5 trajectory file per level under data/demos/."""
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 from llmrl.agents import BabyAIBotPolicy
 from llmrl.config import DemosParams
 from llmrl.data import TrajectoryWriter
 from llmrl.envs import make_env
 from llmrl.eval import evaluate
-from llmrl.io import write_json
+from llmrl.files import write_json
 
 OUT = ROOT / "data" / "demos"
 ACTION_NAMES = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle", "done"]

@@ -5,7 +5,9 @@ return with intervals, greedy and sampled apart), per-episode tables under metri
 out), and a dvclive bar plot of success per policy and level.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 
 from llmrl.agents import BabyAIBotPolicy, RandomPolicy
@@ -13,7 +15,7 @@ from llmrl.config import DemosParams, EvalBaselinesParams
 from llmrl.envs import make_env
 from llmrl.eval import evaluate
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 
 POLICIES = {"bot": (BabyAIBotPolicy, "greedy"), "random": (lambda: RandomPolicy(n_actions=6), "sampled")}
 
@@ -23,7 +25,7 @@ def main() -> None:
     envs = stage_params("demos", DemosParams).envs  # evaluate on the levels the demonstrations cover
     seeds = range(p.seed, p.seed + p.episodes)
     rows = []
-    with open_live(ROOT / "plots" / "eval_baselines") as live, \
+    with open_live(ROOT / "plots" / "baselines" / "eval") as live, \
             atomic_path(ROOT / "metrics" / "baselines" / "eval", is_dir=True) as eval_dir, \
             atomic_path(ROOT / "metrics" / "baselines" / "episodes", is_dir=True) as episodes_dir:
         for env_id in envs:

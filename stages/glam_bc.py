@@ -6,7 +6,9 @@ wrapper, so their text observations and missions are the ones the policy is trai
 demos' seeds (``demos.seed``...) are disjoint from GLAM's evaluation seeds.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import time
 
@@ -18,7 +20,7 @@ from llmrl.config import DemosParams
 from llmrl.config.glam import GlamParams
 from llmrl.data import TrajectoryReader
 from llmrl.envs import make_env
-from llmrl.io import write_json
+from llmrl.files import write_json
 
 
 def main() -> None:

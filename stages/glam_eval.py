@@ -9,7 +9,9 @@ the training seeds of a glam_train variant are pooled as seeds), per-episode tab
 of each LLM agent and timings under metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import time
 
@@ -23,7 +25,7 @@ from llmrl.envs import make_env
 from llmrl.eval import evaluate
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 
 OUT = ROOT / "metrics" / "glam"
 
@@ -63,7 +65,7 @@ def main() -> None:
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing = [], {}
-    with open_live(ROOT / "plots" / "glam_eval") as live, \
+    with open_live(ROOT / "plots" / "glam" / "eval") as live, \
             atomic_path(OUT / "eval", is_dir=True) as eval_dir, atomic_path(OUT / "episodes", is_dir=True) as ep_dir:
         for name, factories, modes in agents(p):
             start = time.perf_counter()

@@ -1,23 +1,25 @@
 """Stage glam_generalisation: GLAM's post-training tests for every glam_train agent (and BC if asked).
 
-Each test is a text variant of the same level (llmrl.envs.babyai_text.VARIANTS): renamed nouns, colour
+Each test is a text variant of the same level (llmrl.envs.babyai_text.languages.VARIANTS): renamed nouns, colour
 synonyms, invented nouns / adjectives / both, rephrased goals, renamed actions, French; "none" is the
 untransformed reference. Same seeds for every test, so differences come from the text alone. Headline per
 test and agent in metrics/glam/generalisation/<test>/<agent>.json (training seeds of a variant pooled as
 seeds); the first prompts of each test under metrics/glam/generalisation_prompts/ (a plain out).
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import torch
 
 from llmrl.agents.llm_policy import LLMBatchPolicy, load_agent
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
-from llmrl.envs.babyai_text import VARIANTS
+from llmrl.envs.babyai_text.languages import VARIANTS
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 
 
 def main() -> None:
@@ -33,7 +35,7 @@ def main() -> None:
     if g.include_bc:
         agents["bc"] = ["bc"]
     out = ROOT / "metrics" / "glam"
-    with open_live(ROOT / "plots" / "glam_generalisation") as live, \
+    with open_live(ROOT / "plots" / "glam" / "generalisation") as live, \
             atomic_path(out / "generalisation", is_dir=True) as gen_dir, \
             atomic_path(out / "generalisation_prompts", is_dir=True) as prompt_dir:
         for name, items in agents.items():

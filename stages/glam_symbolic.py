@@ -1,6 +1,8 @@
 """Stage glam_symbolic: the Symbolic-PPO baseline (the project's PPO, MLP on the grid + mission words)."""
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import json
 import time
@@ -12,7 +14,7 @@ from gymnasium.wrappers import TimeLimit
 from llmrl.algos.symbolic_ppo import train_symbolic
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
-from llmrl.io import atomic_path, save_torch, write_json
+from llmrl.files import atomic_path, save_torch, write_json
 
 OUT = ROOT / "models" / "glam" / "symbolic"
 

@@ -7,7 +7,9 @@ of the same run, ending with the metrics of an uninterrupted run; any other chec
 The checkpoint is removed once the outputs are written.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import sys
 import time
@@ -19,7 +21,7 @@ from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import project_sources, run_identity
 from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
-from llmrl.io import write_json
+from llmrl.files import write_json
 
 
 def main() -> None:
@@ -50,7 +52,7 @@ def main() -> None:
     save_agent(agent, ROOT / "models" / "glam" / item,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
     # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.
-    with open_live(ROOT / "plots" / "glam_train" / item) as live:
+    with open_live(ROOT / "plots" / "glam" / "train" / item) as live:
         for row in history:
             live.step = row["update"]
             for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):

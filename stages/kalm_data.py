@@ -6,7 +6,9 @@ metrics/kalm/data.json (episodes, steps, expert success, agreement of the observ
 own success on the training data and on a few expert episodes per test task, time).
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import time
 
@@ -19,7 +21,7 @@ from llmrl.envs.kalm_episodes import expert_episodes, rule_agreement
 from llmrl.data.trajectories import TrajectoryWriter
 from llmrl.envs import kalm_levels as kl
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 from llmrl.llm.embed import build_table
 from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything

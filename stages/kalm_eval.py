@@ -10,7 +10,9 @@ metrics/kalm/eval/table.json (per row and level: success, seed-level interval, p
 out), metrics/kalm/eval/episodes.json (per-episode outcomes; plain out) and a dvclive bar plot.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import importlib.util
 import logging
@@ -23,7 +25,7 @@ from llmrl.data.embeddings import EmbeddingTable
 from llmrl.envs.kalm_levels import EnvSettings
 from llmrl.eval.kalm import evaluate_benchmark
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 
 GROUNDED_MODEL = ROOT / "models" / "kalm" / "grounded"
 MODELS = ROOT / "models" / "kalm" / "offline"

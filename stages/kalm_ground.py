@@ -6,7 +6,9 @@ models/kalm/grounded/<benchmark>/ (LoRA adapter + projections + heads + spec), m
 losses before/after on held-out episodes, time, dtype) and dvclive curves in plots/kalm/ground/<benchmark>.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import time
 
@@ -19,7 +21,7 @@ from llmrl.config.kalm import KalmGroundParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.envs import kalm_levels as kl
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import GroundingSpec, build_grounded
 from llmrl.seeding import seed_everything
 

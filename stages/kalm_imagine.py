@@ -6,7 +6,9 @@ success of the open-loop replay, per-step state error, time) and data/kalm/imagi
 (per-rollout table and a few rollouts as text).
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import sys
 import time
@@ -18,7 +20,7 @@ from llmrl.config.kalm import KalmEnvParams, KalmImagineParams
 from llmrl.data.trajectories import TrajectoryWriter
 from llmrl.envs import kalm_levels as kl
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import write_json
+from llmrl.files import write_json
 from llmrl.llm.grounded import GroundedLM, trajectory_prompt
 from llmrl.seeding import seed_everything
 

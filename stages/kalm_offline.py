@@ -9,7 +9,9 @@ time) and a dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; t
 together.
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import functools
 import sys
@@ -22,7 +24,7 @@ from llmrl.config.kalm import KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.fingerprint import fingerprint_line
 from llmrl.data.embeddings import EmbeddingTable
-from llmrl.io import write_json
+from llmrl.files import write_json
 from llmrl.parallel import run_seeds_into
 
 DATA = ROOT / "data" / "kalm"

@@ -5,7 +5,10 @@ and props.baselines. Writes data/props/baselines/<task>.json (per method and see
 evaluation returns) and dvclive curves of best return vs episodes under plots/props/baselines/<task>/.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
+
 from props_common import log_curves  # isort: skip
 
 import time
@@ -19,7 +22,7 @@ from llmrl.algos.props_ppo import evaluate_ppo, ppo_baseline
 from llmrl.algos.props_search import held_out_seeds
 from llmrl.config.props import PropsBaselinesParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import get_task
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 from llmrl.seeding import seed_everything
 
 

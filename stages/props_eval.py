@@ -9,7 +9,10 @@ method (dvclive, plots/props/curves/<task>/<method>/) and an MP4 of the best LLM
 evaluation episode per task (plots/props/videos/<task>.mp4; rgb_array frames → imageio-ffmpeg).
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
+
 from props_common import log_curves  # isort: skip
 
 import json
@@ -22,7 +25,7 @@ from llmrl.algos.props_search import held_out_seeds
 from llmrl.config.props import PropsEvalParams, PropsSearchParams
 from llmrl.eval.props import headline
 from llmrl.fingerprint import environment_fingerprint, fingerprint_line
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 
 DATA = ROOT / "data" / "props"
 

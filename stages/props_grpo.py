@@ -6,7 +6,9 @@ completion with its four rewards; the rendered first prompt), ``metrics/props/gr
 ``plots/props/grpo``.
 """
 
-from common import ROOT, log, model_spec, open_live, stage_params  # isort: skip
+from common import ROOT, log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import json
 import tempfile
@@ -22,7 +24,7 @@ from llmrl.algos.props_prompts import PromptSettings
 from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
 from llmrl.envs.control import get_task
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import write_json, write_text
+from llmrl.files import write_json, write_text
 from llmrl.llm import load_model
 from llmrl.seeding import seed_everything
 

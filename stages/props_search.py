@@ -7,7 +7,9 @@ plots/props/search/<task>/. Replies are cached by content in data/props/replies/
 DVC out), so the stage re-runs offline (props.llm.offline: true) with identical results.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import json
 import sys
@@ -20,7 +22,7 @@ from tqdm import tqdm
 from llmrl.algos.props_search import build_optimizer_llm, held_out_seeds, props_search
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import get_task
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 from llmrl.seeding import seed_everything
 
 from props_common import log_curves  # isort: skip

@@ -7,7 +7,9 @@ counters, held-out returns). Without the adapter (props_grpo not run yet) it run
 props.transfer.require_adapter is false, and records ``"tuned": "missing"``.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import gc
 import time
@@ -18,7 +20,7 @@ from llmrl.agents.linear_policy import ParamEvaluator
 from llmrl.algos.props_search import build_optimizer_llm, held_out_seeds, props_search
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams, PropsTransferParams
 from llmrl.envs.control import get_task
-from llmrl.io import write_json
+from llmrl.files import write_json
 from llmrl.seeding import seed_everything
 
 ADAPTER = ROOT / "models" / "props" / "grpo"

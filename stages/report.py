@@ -6,13 +6,15 @@ and reports/summary.md (the same tables in Markdown). A section left out of repo
 a missing file of a listed one fails the stage naming the file (llmrl.report.MissingResultError).
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import time
 
 from llmrl.config.props import PropsSearchParams
 from llmrl.config.report import ReportParams
-from llmrl.io import atomic_path
+from llmrl.files import atomic_path
 from llmrl.report import collect_report, write_report
 
 

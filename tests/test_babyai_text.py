@@ -10,7 +10,10 @@ from minigrid.core.grid import Grid
 from minigrid.core.world_object import Ball, Box, Door, Key, Wall
 
 from llmrl.envs import make_env
-from llmrl.envs.babyai_text import HELD_OUT, LEVELS, VARIANTS, English, Fact, describe_image, parse_mission
+from llmrl.envs.babyai_text.description import Fact, describe_image
+from llmrl.envs.babyai_text.languages import VARIANTS, English
+from llmrl.envs.babyai_text.levels import HELD_OUT, LEVELS
+from llmrl.envs.babyai_text.missions import parse_mission
 
 
 def view(cells, carry=None, vis=True):

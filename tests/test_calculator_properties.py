@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmrl.envs.math import CalculatorError, MathEnv, apply_calculator, safe_eval
+from llmrl.envs.word_problems import CalculatorError, MathEnv, apply_calculator, safe_eval
 
 numbers = st.one_of(st.integers(-10**6, 10**6).map(str),
                     st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),

@@ -213,19 +213,21 @@ def test_stage_with_resume_point_round_trips_through_a_remote(tmp_path):
 
 
 def test_reinforce_kl_resume_equals_uninterrupted_and_other_config_restarts(tmp_path, caplog):
-    from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig
+    from llmrl.algos.reinforce_kl import ReinforceKL
+    from llmrl.config.llm_rl import ReinforceTrainParams
     from llmrl.llm import LoraSettings, load_model
     from llmrl.seeding import seed_everything
 
     problems = [{"id": f"p{i}", "problem": f"Tom has {i} apples and gets 2 more. How many apples?",
                  "solution": f"{i} + 2 = {i + 2}\nThe answer is: {i + 2}", "answer": str(i + 2)} for i in range(1, 7)]
 
-    def trainer(**kw):
+    def trainer(**common):
         seed_everything(0)
         llm = load_model("tiny:4", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
-        cfg = ReinforceKLConfig(**{"iterations": 3, "problems_per_iteration": 2, "group_size": 2, "max_steps": 2,
-                                   "max_new_tokens": 6, "micro_batch": 4, "lr": 1e-2, "ref_update_iterations": 2,
-                                   **kw})
+        cfg = ReinforceTrainParams(
+            common={"iterations": 3, "problems_per_iteration": 2, "group_size": 2, "line_tokens": 6,
+                    "answer_tokens": 12, "micro_batch": 4, "lr": 1e-2, "temperature": 1.0, **common},
+            reinforce_kl={"max_steps": 2, "ref_update_iterations": 2})
         return ReinforceKL(llm, cfg, problems[1:], problems[:1])
 
     def strip(rows):

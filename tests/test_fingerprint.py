@@ -1,3 +1,4 @@
+import ast
 import os
 import subprocess
 import sys
@@ -36,13 +37,30 @@ def test_pin_sets_only_unset_variables_and_only_with_avx2(monkeypatch):
 
 
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="pinning applies to x86-64 CPUs with AVX2")
-def test_every_stage_runs_on_avx2_kernels():
-    """A stage script's first import (stages/common.py) pins the kernels before torch dispatches anything, so
-    ATen reports AVX2 even on an AVX-512 CPU, and the fingerprint says so."""
-    code = ("import sys; sys.path.insert(0, 'stages'); import common, torch, os; "
+def test_stage_process_runs_on_avx2_kernels_and_importing_common_changes_nothing():
+    """``prepare_stage_process()`` pins the kernels before torch dispatches anything, so ATen reports AVX2 even on
+    an AVX-512 CPU and the fingerprint says so; importing stages/common.py alone sets nothing."""
+    code = ("import sys, os; sys.path.insert(0, 'stages'); before = dict(os.environ); import common; "
+            "assert dict(os.environ) == before, 'importing common changed the environment'; "
+            "common.prepare_stage_process(); import torch; "
             "from llmrl.fingerprint import fingerprint_line; "
             "print(torch.backends.cpu.get_cpu_capability(), os.environ['ONEDNN_MAX_CPU_ISA'], fingerprint_line())")
     env = {k: v for k, v in os.environ.items() if k not in PINNED and k != OPT_OUT}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     kernels, onednn, line = out.stdout.strip().split(" ", 2)
     assert (kernels, onednn) == ("AVX2", "AVX2") and "(kernels AVX2)" in line
+
+
+STAGE_SCRIPTS = sorted(p for p in (ROOT / "stages").glob("*.py") if not p.stem.endswith("common"))
+
+
+@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda p: p.stem)
+def test_every_stage_script_prepares_its_process_before_other_imports(script):
+    """The statement after ``from common import ...`` is ``prepare_stage_process(...)``: nothing (torch, HF, a
+    shared stage module) is imported before the caches and kernels are set."""
+    body = [n for n in ast.parse(script.read_text()).body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # the docstring
+    first, second = body[0], body[1]
+    assert isinstance(first, ast.ImportFrom) and first.module == "common", script.name
+    assert (isinstance(second, ast.Expr) and isinstance(second.value, ast.Call)
+            and getattr(second.value.func, "id", None) == "prepare_stage_process"), script.name

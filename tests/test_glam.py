@@ -10,7 +10,7 @@ from llmrl.algos.bc_llm import train_bc
 from llmrl.algos.ppo_llm import collect, flatten, ppo_update, train
 from llmrl.config.glam import GlamPPO
 from llmrl.envs import make_env
-from llmrl.envs.babyai_text import ACTIONS_EN, VARIANTS
+from llmrl.envs.babyai_text.languages import ACTIONS_EN, VARIANTS
 from llmrl.eval import evaluate
 from llmrl.eval.batched import evaluate_batched
 from llmrl.llm import score_naive

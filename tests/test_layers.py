@@ -6,6 +6,7 @@ The check reads every module's imports (top-level and inside functions) with ``a
 """
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,5 +56,20 @@ def test_module_imports_only_its_layer_and_below(path):
 
 def test_the_checker_sees_function_level_imports(tmp_path):
     mod = tmp_path / "m.py"
-    mod.write_text("def f():\n    from llmrl.algos.ppo import train\n    import llmrl.eval.stats\n")
+    mod.write_text("def f():\n    from llmrl.algos.distilled_ppo import train\n    import llmrl.eval.stats\n")
     assert llmrl_imports(mod) == {"algos", "eval"}
+
+
+ALL_MODULES = sorted(PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", ALL_MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_shadows_the_standard_library(path):
+    """A module named like the standard library's (math.py, io.py) reads as the stdlib in imports and tracebacks."""
+    assert path.stem not in sys.stdlib_module_names, f"llmrl/{path.relative_to(PKG)} shadows the stdlib"
+
+
+def test_data_holds_formats_only():
+    """Task content (problem generators, answer checks, environment episodes) lives with its environment."""
+    names = {p.stem for p in (PKG / "data").glob("*.py")}
+    assert names <= {"__init__", "trajectories", "embeddings"}, sorted(names)

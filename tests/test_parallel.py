@@ -14,7 +14,7 @@ def train_tiny(seed: int, *, out: Path) -> None:
     """A seeded torch update written to disk: what a stage's per-seed run does, in miniature."""
     import torch
 
-    from llmrl.io import save_torch
+    from llmrl.files import save_torch
 
     torch.manual_seed(seed)
     net = torch.nn.Linear(4, 2)

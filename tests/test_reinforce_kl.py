@@ -11,13 +11,14 @@ from llmrl.agents.math_solver import build_messages, render_state, solve
 from llmrl.algos.reinforce_kl import (
     MathEpisode,
     ReinforceKL,
-    ReinforceKLConfig,
     advantages,
     collect_episodes,
+    optimizer_steps,
     reinforce_kl_loss,
     token_logprobs,
     tokenize_episodes,
 )
+from llmrl.config.llm_rl import CommonTrainParams, ReinforceTrainParams
 from llmrl.llm import LoraSettings, SamplingConfig, load_model
 
 PROBLEMS = [{"id": f"p{i}", "problem": f"Tom has {i} apples and gets 2 more. How many apples?",
@@ -117,9 +118,16 @@ def test_advantages_baselines():
     np.testing.assert_allclose(group[2], [0.0])
 
 
+def _params(**kw) -> ReinforceTrainParams:
+    """The params sections from flat keys: common's fields go to ``common``, the rest to ``reinforce_kl``."""
+    kw = {"temperature": 1.0, **kw}
+    return ReinforceTrainParams(common={k: v for k, v in kw.items() if k in CommonTrainParams.model_fields},
+                                reinforce_kl={k: v for k, v in kw.items() if k not in CommonTrainParams.model_fields})
+
+
 def _trainer(llm, **kw):
-    cfg = ReinforceKLConfig(**{"problems_per_iteration": 2, "group_size": 2, "max_steps": 2, "max_new_tokens": 6,
-                               "micro_batch": 4, "lr": 1e-2, "baseline": "none", "beta": 0.0, **kw})
+    cfg = _params(**{"problems_per_iteration": 2, "group_size": 2, "max_steps": 2, "line_tokens": 6,
+                     "answer_tokens": 12, "micro_batch": 4, "lr": 1e-2, "baseline": "none", "beta": 0.0, **kw})
     return ReinforceKL(llm, cfg, PROBLEMS[1:], SHOTS)
 
 
@@ -186,7 +194,7 @@ def test_collect_and_step_on_tiny_model_are_seeded():
 
 def test_collect_episodes_state_is_chat_continuation():
     llm = load_model("tiny:5")
-    cfg = ReinforceKLConfig(problems_per_iteration=1, group_size=2, max_steps=3, max_new_tokens=5)
+    cfg = _params(problems_per_iteration=1, group_size=2, micro_batch=2, max_steps=3, line_tokens=5, answer_tokens=15)
     eps = collect_episodes(llm, PROBLEMS[1:2], SHOTS, cfg, seed=0)
     msgs = build_messages(PROBLEMS[1]["problem"], SHOTS)
     for ep in eps:
@@ -233,13 +241,13 @@ def test_episode_token_budget_caps_the_lines_together():
     """An episode's lines share ``answer_tokens`` (GRPO's completion budget): none spends more, and an episode
     whose budget runs out before an answer ends as ``answer_tokens``."""
     llm = load_model("tiny:6")
-    cfg = ReinforceKLConfig(problems_per_iteration=2, group_size=3, max_steps=6, max_new_tokens=5, answer_tokens=12)
+    cfg = _params(problems_per_iteration=2, group_size=3, micro_batch=6, max_steps=6, line_tokens=5, answer_tokens=12)
     eps = collect_episodes(llm, PROBLEMS[1:3], SHOTS, cfg, seed=0)
     assert all(0 < ep.tokens <= 12 for ep in eps)
     assert any(ep.end == "answer_tokens" for ep in eps)  # the tiny model never answers within 12 tokens
     assert all(len(ep.lines) <= 3 for ep in eps if ep.end == "answer_tokens")  # 5 + 5 + 2 tokens at most
-    unbudgeted = collect_episodes(llm, PROBLEMS[1:3], SHOTS, ReinforceKLConfig(
-        problems_per_iteration=2, group_size=3, max_steps=6, max_new_tokens=5), seed=0)
+    unbudgeted = collect_episodes(llm, PROBLEMS[1:3], SHOTS, _params(
+        problems_per_iteration=2, group_size=3, micro_batch=6, max_steps=6, line_tokens=5, answer_tokens=30), seed=0)
     assert max(ep.tokens for ep in unbudgeted) > 12  # the cap above did bind
 
 
@@ -250,8 +258,8 @@ def test_lr_schedule_matches_transformers(schedule):
 
     llm = load_model("tiny:7", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
     algo = _trainer(llm, lr_schedule=schedule, iterations=2, micro_batch=2)  # 2 x 2 optimiser steps
-    reference_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=algo.cfg.lr)
-    reference = (get_linear_schedule_with_warmup(reference_opt, 0, algo.cfg.optimizer_steps)
+    reference_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=algo.cfg.common.lr)
+    reference = (get_linear_schedule_with_warmup(reference_opt, 0, optimizer_steps(algo.cfg))
                  if schedule == "linear" else get_constant_schedule(reference_opt))
     eps = [_episode(llm, PROBLEMS[1], ["The answer is: 3\n"], 1.0), _episode(llm, PROBLEMS[2], ["x\n"], 0.0),
            _episode(llm, PROBLEMS[3], ["y\n"], 0.0), _episode(llm, PROBLEMS[4], ["The answer is: 6\n"], 1.0)]
@@ -261,4 +269,4 @@ def test_lr_schedule_matches_transformers(schedule):
             reference_opt.step()
             reference.step()
         assert algo.opt.param_groups[0]["lr"] == pytest.approx(reference_opt.param_groups[0]["lr"])
-    assert algo.opt.param_groups[0]["lr"] == (0.0 if schedule == "linear" else algo.cfg.lr)
+    assert algo.opt.param_groups[0]["lr"] == (0.0 if schedule == "linear" else algo.cfg.common.lr)

@@ -169,7 +169,7 @@ def test_outage_fails_the_planning_pass_within_its_bounds(fault, api, tmp_path, 
         planner = LLMPlanner("doorkey", backend, n_ask=2, sampling=SamplingConfig(max_new_tokens=4, seed=0))
         texts = observation_texts("doorkey")
         t0 = time.perf_counter()
-        with pytest.raises(LLMOutageError, match="teach.teacher.max_error_rate"):
+        with pytest.raises(LLMOutageError, match="llm4teach.teacher.max_error_rate"):
             plan_texts(planner, texts, max_error_rate=0.1, deadline_s=None)
         elapsed = time.perf_counter() - t0
     assert len(planner.memo) == 1  # failed fast: the first text's errors already exceed 10% of 12 replies
@@ -190,7 +190,7 @@ def test_planning_deadline_is_a_named_error():
 
     ticks = iter(range(0, 1000, 100))
     planner = LLMPlanner("doorkey", Valid(), n_ask=2, answer_prefix="Action: {")
-    with pytest.raises(LLMOutageError, match="teach.teacher.deadline_s"):
+    with pytest.raises(LLMOutageError, match="llm4teach.teacher.deadline_s"):
         plan_texts(planner, observation_texts("doorkey"), max_error_rate=0.1, deadline_s=150,
                    clock=lambda: next(ticks))
     assert len(planner.memo) == 2  # checked after every text: 100 s, then 200 s > 150 s

@@ -71,18 +71,18 @@ def results(tmp_path_factory) -> Path:
     for test, success in (("none", (0.11, 0.05, 0.19)), ("french", (0.03, 0.0, 0.0851))):
         _write(root, f"{m}/glam/generalisation/{test}/glam_lora.json",
                {"env": ENV, "greedy": _mode(success, (0.05, 0.02, 0.08))})
-    _write(root, "plots/glam_train/lora-0/plots/metrics/success_rate.tsv", _tsv("success_rate", [(1, 0.0), (2, 0.25)]))
+    _write(root, "plots/glam/train/lora-0/plots/metrics/success_rate.tsv", _tsv("success_rate", [(1, 0.0), (2, 0.25)]))
     # LLM_RL
     for model, g, tokens in (("base", (0.21, 0.14, 0.2998), 32.7), ("reinforce_kl", (0.18, 0.11, 0.2667), 69.3),
                              ("grpo", (0.31, 0.2278, 0.4063), 35.6)):
-        _write(root, f"{m}/math/eval/{model}.json",
+        _write(root, f"{m}/llm_rl/eval/{model}.json",
                {"env": ENV, "max_new_tokens": 96,
                 "greedy": {**_mode(g), "parse_failure": 0.0, "tokens": tokens, "truncated": 0.01}})
     for variant in ("reinforce_kl", "grpo"):
-        _write(root, f"plots/math/train_{variant}/plots/metrics/train/average_reward.tsv",
+        _write(root, f"plots/llm_rl/train_{variant}/plots/metrics/train/average_reward.tsv",
                _tsv("average_reward", [(0, 0.0), (1, 0.125), (2, 0.25)]))
     # LLM4Teach
-    door = f"{m}/teach/eval/simpledoorkey"
+    door = f"{m}/llm4teach/eval/simpledoorkey"
     _write(root, f"{door}/teacher_oracle.json",
            {"env": ENV, "greedy": _mode((1.0, 0.963, 1.0), (0.8816, 0.8684, 0.8942))})
     _write(root, f"{door}/student_oracle.json",
@@ -91,21 +91,21 @@ def results(tmp_path_factory) -> Path:
     _write(root, f"{door}/ppo.json", {"env": ENV, "aulc": 0.0, "beats_random": False,
                                       "greedy": _mode((0.0, 0.0, 0.0076), (0.0, 0.0, 0.0), seeds=5, episodes=500)})
     _write(root, f"{door}/random.json", {"env": ENV, "sampled": _mode((0.01, 0.0, 0.0545), (0.006, 0.0, 0.0179))})
-    mpe = f"{m}/teach/eval/mpe"
+    mpe = f"{m}/llm4teach/eval/mpe"
     _write(root, f"{mpe}/student_llm.json", {"env": ENV, "beats_random": True,
                                              "greedy": _mode(ret=(-21.2861, -21.9423, -20.5623), seeds=5,
                                                              episodes=500)})
     _write(root, f"{mpe}/mappo.json", {"env": ENV, "beats_random": False,
                                        "greedy": _mode(ret=(-29.7, -31.5253, -28.0477), seeds=5, episodes=500)})
     _write(root, f"{mpe}/random.json", {"env": ENV, "sampled": _mode(ret=(-27.0866, -28.4351, -25.6288))})
-    _write(root, f"{m}/teach/result/simpledoorkey.json", {"met_oracle": False})
-    _write(root, f"{m}/teach/report.json", {"simpledoorkey": {"result": {
+    _write(root, f"{m}/llm4teach/result/simpledoorkey.json", {"met_oracle": False})
+    _write(root, f"{m}/llm4teach/report.json", {"simpledoorkey": {"result": {
         "met_oracle": False, "mode": "greedy", "ppo_ceiling": 0.5, "statistic": "mean over seeds of per-seed success",
         "target": 0.9}}})
     for item, name in (("simpledoorkey-oracle", "success"), ("simpledoorkey-none", "success"), ("mpe-llm", "return"),
                        ("mpe-none", "return")):
         for seed in (0, 1):
-            _write(root, f"plots/teach/train/{item}/seed-{seed}/plots/metrics/train/{name}.tsv",
+            _write(root, f"plots/llm4teach/train/{item}/seed-{seed}/plots/metrics/train/{name}.tsv",
                    _tsv(name, [(512, 0.1 * seed), (1024, 0.2 + 0.1 * seed)]))
     # KALM
     levels = ["rephrase", "easy"]
@@ -156,7 +156,7 @@ def _md_row(md: str, *cells: str) -> str:
 
 
 TABLE_IDS = ["baselines-BabyAI-GoToLocal-v0", "glam-eval-BabyAI-Text-GoToObjS4-v0", "glam-generalisation",
-             "math-eval", "teach-mpe", "teach-simpledoorkey", "teach-result", "kalm-babyai", "kalm-imagination",
+             "llm_rl-eval", "llm4teach-mpe", "llm4teach-simpledoorkey", "llm4teach-result", "kalm-babyai", "kalm-imagination",
              "props-cartpole", "props-transfer"]
 
 
@@ -197,8 +197,8 @@ def test_same_results_give_the_same_bytes(results, tmp_path):
 
 
 @pytest.mark.parametrize("rel", ["metrics/kalm/eval/table.json", "metrics/kalm/imagine_babyai_easy.json",
-                                 "plots/props/videos/cartpole.mp4", "metrics/teach/report.json",
-                                 "plots/math/train_grpo/plots/metrics/train/average_reward.tsv"])
+                                 "plots/props/videos/cartpole.mp4", "metrics/llm4teach/report.json",
+                                 "plots/llm_rl/train_grpo/plots/metrics/train/average_reward.tsv"])
 def test_a_missing_result_of_a_listed_method_is_an_error_naming_it(results, tmp_path, rel):
     root = tmp_path / "results"
     shutil.copytree(results, root)

@@ -17,7 +17,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from llmrl.io import save_torch
+from llmrl.files import save_torch
 from llmrl.llm.load import LLM
 from llmrl.llm.score import score_tensors
 
@@ -263,7 +263,7 @@ def save_agent(agent: LLMActorCritic, out_dir, meta: dict) -> None:
     import json
     from pathlib import Path
 
-    from llmrl.io import atomic_path
+    from llmrl.files import atomic_path
 
     with atomic_path(out_dir, is_dir=True) as tmp:
         save_torch(agent.trainable_state(), Path(tmp) / "agent.pt")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from llmrl.data.math_answers import ANSWER_PHRASE, answers_match, extract_answer, through_first_answer
+from llmrl.envs.word_problems.answers import ANSWER_PHRASE, answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM, SamplingConfig, load_model
 from llmrl.llm.prefix import generate_shared_prefix
 

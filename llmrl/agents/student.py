@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from torch import nn
 
-from llmrl.io import save_torch
+from llmrl.files import save_torch
 
 # Channel vocabularies of the memory grid: object, colour, state, direction (0-3 facing, 4 = no agent here).
 GRID_VOCAB = (len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX), 5)

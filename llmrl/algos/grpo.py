@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from llmrl.config.grpo import GRPOTrainParams
-from llmrl.io import atomic_path
+from llmrl.files import atomic_path
 from llmrl.llm.load import LLM, LoraSettings
 
 RewardFunc = Callable[..., list[float]]

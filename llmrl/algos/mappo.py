@@ -6,7 +6,7 @@ is part of the state of this fixed-horizon task (Pardo et al. 2018, "Time Limits
 Learning"): without it the critic cannot tell 24 steps of reward left from 1, and GAE's bootstrap is biased
 enough that, measured on validation episodes at the CPU budget, plain MAPPO ended below random and more
 update epochs made it worse; with it the same settings beat random. Agents are
-stacked into the batch dimension, so the loss is exactly ``llmrl.algos.ppo.ppo_loss`` — PPO + λ_k ·
+stacked into the batch dimension, so the loss is exactly ``llmrl.algos.distilled_ppo.ppo_loss`` — PPO + λ_k ·
 H(π_T, π_θ) with the same ``DistillParams`` — and λ₀ = 0 (or no teacher) is plain MAPPO. Advantages are
 GAE per agent stream.
 """
@@ -22,7 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.agents.student import MLPStudent
-from llmrl.algos.ppo import Teacher, act_into, rollout_buffers, update_from_rollout
+from llmrl.algos.distilled_ppo import Teacher, act_into, rollout_buffers, update_from_rollout
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 

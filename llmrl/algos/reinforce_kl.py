@@ -1,5 +1,8 @@
 """Stepwise REINFORCE with a KL penalty to a periodically refreshed reference policy (navidmdn/LLM_RL).
 
+Settings: ``llmrl.config.llm_rl.ReinforceTrainParams`` (its ``common`` block, shared with GRPO, and its
+``reinforce_kl`` block), taken as they are.
+
 One iteration:
 1. Collect ``problems_per_iteration × group_size`` episodes in ``MathEnv``: every active episode samples its
    next line at once (temperature 1.0, top-p 0.9, cut at the first newline) until it states an answer, ends
@@ -16,8 +19,8 @@ One iteration:
    annealed). AdamW, a constant lr or transformers' linear decay to 0 over the optimiser steps (the schedule
    TRL gives GRPO, so both variants share it), gradient clipping.
 
-Budget: each line is capped at ``max_new_tokens`` and the episode's lines together at ``answer_tokens``, the
-budget GRPO's completions get: an episode whose budget runs out ends truncated.
+Budget: each line is capped at ``common.line_tokens`` and the episode's lines together at
+``common.answer_tokens``, the budget GRPO's completions get: an episode whose budget runs out ends truncated.
 
 Fixes over the original: the optimiser is built from the parameters that require grad *after* LoRA is
 attached (the original's held only frozen weights); training never sees the test split; the calculator never
@@ -42,7 +45,7 @@ import contextlib
 import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,53 +54,17 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.math_solver import build_messages, render_state
 from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
-from llmrl.envs.math import MathEnv, discounted_returns
+from llmrl.config.llm_rl import ReinforceTrainParams
+from llmrl.envs.word_problems import MathEnv
 from llmrl.llm import LLM, SamplingConfig
 from llmrl.llm.prefix import PrefixBatch, generate_shared_prefix, split_prefix, suffix_token_logprobs
 
 
-@dataclass(frozen=True)
-class ReinforceKLConfig:
-    """Hyperparameters; defaults are the CPU profile, the original's values are noted."""
-
-    iterations: int = 3  # original: 20
-    problems_per_iteration: int = 8
-    group_size: int = 4  # episodes per problem; original: 100 episodes of distinct problems
-    max_steps: int = 6  # original: 10
-    max_new_tokens: int = 40  # per line; original: 64
-    answer_tokens: int | None = None  # the episode's lines together; None: max_steps * max_new_tokens
-    temperature: float = 1.0
-    top_p: float = 0.9
-    calculator: bool = False  # original (README command): on
-    beta: float = 0.25
-    ref_update_iterations: int = 2
-    gamma: float = 0.99
-    baseline: str = "group"  # "none" (original), "batch", "group" (leave-one-out per problem)
-    lr: float = 1e-4  # original: 1e-5, full fine-tune
-    lr_schedule: str = "constant"  # "constant" | "linear" (to 0 over the optimiser steps; original: to 0.01)
-    grad_clip: float = 1.0
-    micro_batch: int = 8  # episodes per optimiser step (the original: 32 (state, line) samples)
-    epochs: int = 1
-    gen_batch_size: int = 32
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.baseline not in ("none", "batch", "group"):
-            raise ValueError(f"reinforce_kl.baseline: must be none, batch or group, got {self.baseline!r}")
-        if self.baseline == "group" and self.group_size < 2:
-            raise ValueError("reinforce_kl.baseline: 'group' (leave-one-out) needs group_size >= 2")
-        if self.lr_schedule not in ("constant", "linear"):
-            raise ValueError(f"reinforce_kl.lr_schedule: must be constant or linear, got {self.lr_schedule!r}")
-
-    @property
-    def episode_tokens(self) -> int:
-        return self.answer_tokens if self.answer_tokens is not None else self.max_steps * self.max_new_tokens
-
-    @property
-    def optimizer_steps(self) -> int:
-        """Planned optimiser steps of the run (the linear schedule reaches 0 after them)."""
-        per_iteration = -(-self.problems_per_iteration * self.group_size // self.micro_batch)
-        return self.iterations * self.epochs * per_iteration
+def optimizer_steps(p: ReinforceTrainParams) -> int:
+    """Planned optimiser steps of the run (the linear schedule reaches 0 after them)."""
+    c = p.common
+    per_iteration = -(-c.problems_per_iteration * c.group_size // c.micro_batch)
+    return c.iterations * p.reinforce_kl.epochs * per_iteration
 
 
 @dataclass
@@ -120,32 +87,33 @@ class MathEpisode:
                 "tokens": self.tokens}
 
 
-def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg: ReinforceKLConfig,
+def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], p: ReinforceTrainParams,
                      seed: int) -> list[MathEpisode]:
     """``group_size`` episodes per problem, all active episodes stepping together (batched generation)."""
+    c, r = p.common, p.reinforce_kl
     envs, episodes, messages = [], [], []
     for gi, prob in enumerate(problems):
         msgs = build_messages(prob["problem"], shots)
-        for _ in range(cfg.group_size):
-            env = MathEnv([prob], max_steps=cfg.max_steps, calculator=cfg.calculator)
+        for _ in range(c.group_size):
+            env = MathEnv([prob], max_steps=r.max_steps, calculator=r.calculator)
             env.reset(seed=seed)
             envs.append(env)
             messages.append(msgs)
             episodes.append(MathEpisode(problem_id=str(prob["id"]), group=gi, head=render_state(llm, msgs, "")))
     active = list(range(len(envs)))
-    spent = [0] * len(envs)  # tokens of each episode's lines so far, against cfg.episode_tokens
+    spent = [0] * len(envs)  # tokens of each episode's lines so far, against c.answer_tokens
     step = 0
     while active:
         # Episodes left with less than a line's budget generate apart, each group under its own cap.
         caps: dict[int, list[int]] = {}
         for i in active:
-            caps.setdefault(min(cfg.max_new_tokens, cfg.episode_tokens - spent[i]), []).append(i)
+            caps.setdefault(min(c.line_tokens, c.answer_tokens - spent[i]), []).append(i)
         gens = {}
         for cap, rows in sorted(caps.items(), reverse=True):
             states = [render_state(llm, messages[i], "".join(episodes[i].lines)) for i in rows]
-            sampling = SamplingConfig(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p,
+            sampling = SamplingConfig(max_new_tokens=cap, temperature=c.temperature, top_p=c.top_p,
                                       stop=("\n",), seed=seed * 1000 + step * 97 + cap)
-            gens.update(zip(rows, generate_shared_prefix(llm, states, sampling, batch_size=cfg.gen_batch_size)))
+            gens.update(zip(rows, generate_shared_prefix(llm, states, sampling, batch_size=c.gen_batch_size)))
         still = []
         for i in active:
             g = gens[i]
@@ -155,7 +123,7 @@ def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], 
             ep = episodes[i]
             if info["line"].strip():
                 ep.lines.append(info["line"] + "\n")
-            if not (terminated or truncated) and spent[i] >= cfg.episode_tokens:
+            if not (terminated or truncated) and spent[i] >= c.answer_tokens:
                 truncated, info = True, {**info, "end": "answer_tokens"}
             if terminated or truncated:
                 ep.reward, ep.success, ep.end = float(reward), bool(info["success"]), info["end"]
@@ -168,6 +136,16 @@ def collect_episodes(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], 
         if ep.lines and render_state(llm, msgs, "".join(ep.lines)) != ep.head + "".join(ep.lines):
             raise ValueError(f"chat template of {llm.spec!r} does not continue a partial reply verbatim")
     return episodes
+
+
+def discounted_returns(n_steps: int, final_reward: float, gamma: float, clamp: tuple[float, float] = (0.0, 10.0)
+                       ) -> np.ndarray:
+    """Per-step returns of an episode rewarded only at its end: a line k steps before the end gets γ^k·R.
+
+    Clamped to ``clamp`` as in LLM_RL.
+    """
+    k = np.arange(n_steps - 1, -1, -1, dtype=np.float64)
+    return np.clip(final_reward * gamma ** k, *clamp)
 
 
 def advantages(episodes: Sequence[MathEpisode], gamma: float, baseline: str) -> list[np.ndarray]:
@@ -264,24 +242,25 @@ def reinforce_kl_loss(logp: torch.Tensor, ref_logp: torch.Tensor, line_of: torch
 class ReinforceKL:
     """The trainer: holds the policy, its optimiser and schedule, and the reference snapshot."""
 
-    def __init__(self, llm: LLM, cfg: ReinforceKLConfig, train_problems: Sequence[dict], shots: Sequence[dict]):
+    def __init__(self, llm: LLM, cfg: ReinforceTrainParams, train_problems: Sequence[dict], shots: Sequence[dict]):
         self.llm, self.cfg = llm, cfg
+        c = cfg.common
         self.problems, self.shots = list(train_problems), list(shots)
-        if len(self.problems) < cfg.problems_per_iteration:
+        if len(self.problems) < c.problems_per_iteration:
             raise ValueError(f"reinforce_kl: {len(self.problems)} train problems, fewer than "
-                             f"problems_per_iteration={cfg.problems_per_iteration}")
+                             f"common.problems_per_iteration={c.problems_per_iteration}")
         # Built after any LoRA adapter is attached: these are exactly the weights that train.
         self.params = [p for p in llm.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("reinforce_kl: the model has no trainable parameters (load it with lora= or trainable=)")
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr)
-        total = cfg.optimizer_steps
+        self.opt = torch.optim.AdamW(self.params, lr=c.lr)
+        total = optimizer_steps(cfg)
         # transformers' get_linear_schedule_with_warmup without warmup: the schedule TRL applies to GRPO
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, (lambda step: max(0.0, (total - step) / total)) if cfg.lr_schedule == "linear" else
+            self.opt, (lambda step: max(0.0, (total - step) / total)) if c.lr_schedule == "linear" else
             (lambda step: 1.0))
         self.ref = self._snapshot()
-        self.rng = np.random.default_rng(cfg.seed)
+        self.rng = np.random.default_rng(c.seed)
         self.iteration = 0
 
     def _snapshot(self) -> list[torch.Tensor]:
@@ -302,29 +281,29 @@ class ReinforceKL:
                     p.copy_(c)
 
     def sample_problems(self) -> list[dict]:
-        idx = self.rng.choice(len(self.problems), size=self.cfg.problems_per_iteration, replace=False)
+        idx = self.rng.choice(len(self.problems), size=self.cfg.common.problems_per_iteration, replace=False)
         return [self.problems[i] for i in idx]
 
     def update(self, episodes: Sequence[MathEpisode]) -> dict:
         """Policy-gradient steps on one iteration's episodes: one optimiser step per micro-batch of episodes."""
-        cfg, model, tok, dev = self.cfg, self.llm.model, self.llm.tokenizer, self.llm.device
-        adv = advantages(episodes, cfg.gamma, cfg.baseline)
+        c, r, model, tok, dev = self.cfg.common, self.cfg.reinforce_kl, self.llm.model, self.llm.tokenizer, self.llm.device
+        adv = advantages(episodes, r.gamma, r.baseline)
         usable = [i for i, ep in enumerate(episodes) if ep.lines]
-        micro = [usable[j:j + cfg.micro_batch] for j in range(0, len(usable), cfg.micro_batch)]
+        micro = [usable[j:j + c.micro_batch] for j in range(0, len(usable), c.micro_batch)]
         batches = [tokenize_episodes(tok, [episodes[i] for i in mb], dev) for mb in micro]
         model.eval()  # no dropout in the reference pass
         with torch.no_grad(), self.reference_weights():
             ref = [token_logprobs(model, b)[0] for b in batches]
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "steps": 0}
         model.train()
-        for _ in range(cfg.epochs):
+        for _ in range(r.epochs):
             for mb, batch, ref_lp in zip(micro, batches, ref):
                 self.opt.zero_grad(set_to_none=True)
                 logp, line_of = token_logprobs(model, batch)
-                loss, s = reinforce_kl_loss(logp, ref_lp, line_of, [adv[i] for i in mb], cfg.beta)
+                loss, s = reinforce_kl_loss(logp, ref_lp, line_of, [adv[i] for i in mb], r.beta)
                 n = max(s["samples"], 1)
                 (loss / n).backward()  # the mean over the micro-batch's samples, as grad accumulation gave
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
                 self.opt.step()
                 self.sched.step()
                 totals["loss"] += float(loss.detach())
@@ -338,17 +317,17 @@ class ReinforceKL:
         n_samples, steps = max(totals["samples"], 1), max(totals["steps"], 1)
         return {"loss": totals["loss"] / n_samples, "pg_loss": totals["pg_loss"] / n_samples,
                 "divergence": totals["kl"] / max(totals["tokens"], 1), "grad_norm": totals["grad_norm"] / steps,
-                "samples": totals["samples"] // cfg.epochs, "tokens": totals["tokens"] // cfg.epochs,
+                "samples": totals["samples"] // r.epochs, "tokens": totals["tokens"] // r.epochs,
                 "optimizer_steps": totals["steps"]}
 
     def step(self) -> tuple[dict, list[MathEpisode]]:
         """One iteration: refresh the reference if due, collect, update. Returns its stats and episodes."""
         cfg = self.cfg
-        if self.iteration > 0 and self.iteration % cfg.ref_update_iterations == 0:
+        if self.iteration > 0 and self.iteration % cfg.reinforce_kl.ref_update_iterations == 0:
             self.ref = self._snapshot()
         t0 = time.perf_counter()
         episodes = collect_episodes(self.llm, self.sample_problems(), self.shots, cfg,
-                                    seed=cfg.seed * 10_000 + self.iteration)
+                                    seed=cfg.common.seed * 10_000 + self.iteration)
         t1 = time.perf_counter()
         lr_used = self.opt.param_groups[0]["lr"]  # the lr of this iteration's first step
         stats = self.update(episodes)
@@ -394,14 +373,14 @@ class ReinforceKL:
         killed run yields exactly what an uninterrupted one does. Any other checkpoint is discarded with a log line."""
         done: list[tuple[dict, list[MathEpisode]]] = []
         if checkpoint is not None:
-            identity = identity or run_identity({"cfg": asdict(self.cfg)})
+            identity = identity or run_identity({"cfg": self.cfg.model_dump(mode="json")})
             state = load_resumable(checkpoint, identity)
             if state is not None:
                 self.load_state_dict(state["trainer"])
                 done = state["done"]
         yield from done
-        for _ in tqdm(range(self.iteration, self.cfg.iterations), desc="reinforce_kl", disable=not progress,
-                      initial=self.iteration, total=self.cfg.iterations):
+        for _ in tqdm(range(self.iteration, self.cfg.common.iterations), desc="reinforce_kl", disable=not progress,
+                      initial=self.iteration, total=self.cfg.common.iterations):
             out = self.step()
             done.append(out)
             if checkpoint is not None:

@@ -1,4 +1,4 @@
-"""Symbolic-PPO baseline's training: the project's CleanRL-style PPO (``llmrl.algos.ppo``, shared with LLM4Teach's
+"""Symbolic-PPO baseline's training: the project's CleanRL-style PPO (``llmrl.algos.distilled_ppo``, shared with LLM4Teach's
 student, no teacher) on BabyAI(-Text) envs seen through ``llmrl.agents.symbolic.SymbolicObs``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from llmrl.agents.symbolic import SymbolicActorCritic, SymbolicObs
-from llmrl.algos.ppo import make_vector_env, train
+from llmrl.algos.distilled_ppo import make_vector_env, train
 from llmrl.config.ppo import PPOParams
 
 

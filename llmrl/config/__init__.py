@@ -1,7 +1,7 @@
 """Typed parameters: one pydantic model per params.yaml section. The only package that knows param names.
 
 Foundation sections live here; each method keeps its sections in a module of its own
-(``llmrl.config.glam``, ``llmrl.config.math``, ``llmrl.config.teach``) built on ``Section``.
+(``llmrl.config.glam``, ``llmrl.config.llm_rl``, ``llmrl.config.llm4teach``) built on ``Section``.
 
 Stage scripts call ``load_section(params, "demos", DemosParams)``; an unknown key, a wrong type or an
 out-of-range value raises ``ParamsError`` naming the key path (``demos.episodes: must be > 0, got -3``)

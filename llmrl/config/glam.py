@@ -7,13 +7,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmrl.config import Section
+from llmrl.config.lora import LoraSettings
 from llmrl.config.ppo import PPOParams
-
-
-class GlamLoRA(Section):
-    r: int = Field(8, gt=0, description="LoRA rank")
-    alpha: int = Field(16, gt=0, description="LoRA alpha")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (0 keeps PPO's old/new ratios exact)")
 
 
 class GlamPolicy(Section):
@@ -73,7 +68,7 @@ class GlamBC(Section):
 
 
 class GlamSymbolic(Section):
-    ppo: PPOParams = Field(description="the Symbolic-PPO baseline's PPO (llmrl.algos.ppo, no teacher)")
+    ppo: PPOParams = Field(description="the Symbolic-PPO baseline's PPO (llmrl.algos.distilled_ppo, no teacher)")
     seeds: list[int] = Field(min_length=1, description="training seeds: one model per seed, pooled as seeds in "
                                                        "glam_eval")
 
@@ -93,7 +88,7 @@ class GlamGeneralisation(Section):
     seed: int = Field(ge=0, description="first seed (disjoint from training seeds)")
     max_steps: int | None = Field(None, gt=0, description="cut episodes after this many steps")
     mode: Literal["greedy", "sampled"] = Field("greedy", description="action selection")
-    tests: list[str] = Field(min_length=1, description="text variants (llmrl.envs.babyai_text.VARIANTS)")
+    tests: list[str] = Field(min_length=1, description="text variants (llmrl.envs.babyai_text.languages.VARIANTS)")
     batch: int = Field(16, gt=0, description="episodes stepped in lockstep, their prompts scored in one forward")
     include_bc: bool = Field(False, description="also test the BC agent (the original tested GLAM agents only)")
 
@@ -101,7 +96,8 @@ class GlamGeneralisation(Section):
 class GlamParams(Section):
     model: str = Field(description="base model spec (models/base_llm, embedded:..., tiny, a hub name)")
     threads: int = Field(2, gt=0, description="torch CPU threads")
-    lora: GlamLoRA = GlamLoRA()
+    lora: LoraSettings = Field(LoraSettings(dropout=0.0), description="LoRA adapter of the lora variant "
+                                                                         "(dropout 0 keeps PPO's ratios exact)")
     policy: GlamPolicy = GlamPolicy()
     train: GlamTrain
     bc: GlamBC

@@ -4,14 +4,14 @@ Field names are ``trl.GRPOConfig``'s own, so a value reads the same here, in TRL
 ``args``; only what TRL 1.16 lacks or decides badly for this project is ours: ``max_prompt_tokens`` (TRL 1.16
 dropped ``max_prompt_length``; prompts are truncated by ``llmrl.algos.grpo``), ``bf16`` as a wish that is honoured
 only where the device supports it, ``gradient_checkpointing`` off (TRL turns it on), and the LoRA adapter as the
-one LoRA settings type, ``llmrl.llm.load.LoraSettings``.
+one LoRA settings type, ``llmrl.config.lora.LoraSettings``.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from llmrl.config import Section
 from llmrl.config.lora import LoraSettings
@@ -55,17 +55,6 @@ class GRPOTrainParams(Section):
                                                         "incompatible with gradient_checkpointing)")
     lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter attached by TRL "
                                                                                 "(None: full fine-tune)")
-
-    @field_validator("lora")
-    @classmethod
-    def _lora_in_range(cls, lora: LoraSettings | None) -> LoraSettings | None:
-        # LoraSettings is a plain dataclass: pydantic checks its types, the ranges are checked here.
-        if lora is not None:
-            if lora.r <= 0 or lora.alpha <= 0:
-                raise ValueError(f"lora.r and lora.alpha must be > 0, got r={lora.r}, alpha={lora.alpha}")
-            if not 0 <= lora.dropout < 1:
-                raise ValueError(f"lora.dropout must be in [0, 1), got {lora.dropout}")
-        return lora
 
     @model_validator(mode="after")
     def _prefix_cache_without_recomputation(self):

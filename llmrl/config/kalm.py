@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmrl.config import Section
+from llmrl.config.lora import LoraSettings
 
 BenchmarkName = Literal["metaworld", "babyai"]
 LevelName = Literal["rephrase", "easy", "hard"]
@@ -111,8 +112,6 @@ class KalmEvalParams(Section):
 
 # ---- KALM-B: grounding (kalm.ground) and imaginary rollouts (kalm.imagine) ------------------------------------------
 
-from llmrl.config.lora import LoraSettings  # noqa: E402
-
 
 class KalmGroundParams(Section):
     """Grounding fine-tune of the base LLM on KALM's four patterns (``llmrl.algos.kalm_grounding``)."""
@@ -147,13 +146,6 @@ class KalmGroundParams(Section):
     seed: int = Field(0, ge=0, description="seed of sampling, initialisation and batch order")
     threads: int = Field(1, gt=0, description="torch threads")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")
-
-    @field_validator("lora")
-    @classmethod
-    def _lora_in_range(cls, lora: LoraSettings | None) -> LoraSettings | None:
-        if lora is not None and (lora.r <= 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1):
-            raise ValueError(f"lora: r, alpha > 0 and dropout in [0, 1) required, got {lora}")
-        return lora
 
 
 class KalmImagineParams(Section):

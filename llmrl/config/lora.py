@@ -1,15 +1,17 @@
-"""The one LoRA settings type, importable without torch or transformers (config modules use it)."""
+"""The one LoRA settings type, importable without torch or transformers (config modules and the LLM layer use it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import Field
+
+from llmrl.config import Section
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA adapter settings passed to peft."""
+class LoraSettings(Section):
+    """LoRA adapter settings passed to peft (``peft.LoraConfig``: r, lora_alpha, lora_dropout, target_modules)."""
 
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: tuple[str, ...] | str = "all-linear"
+    r: int = Field(8, gt=0, description="LoRA rank")
+    alpha: int = Field(16, gt=0, description="LoRA alpha (the update is scaled by alpha / r)")
+    dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout (0 keeps on-policy log-prob ratios exact)")
+    target_modules: tuple[str, ...] | str = Field(
+        "all-linear", description="modules that get an adapter: peft's 'all-linear' or a list of module names")

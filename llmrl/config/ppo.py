@@ -1,4 +1,4 @@
-"""The project's CleanRL-style PPO (``llmrl.algos.ppo``: LLM4Teach's students, MAPPO, GLAM's Symbolic-PPO) and
+"""The project's CleanRL-style PPO (``llmrl.algos.distilled_ppo``: LLM4Teach's students, MAPPO, GLAM's Symbolic-PPO) and
 LLM4Teach's distillation schedule: the only definition of their settings and defaults (the original LLM4Teach
 values where it has them). The algorithms take these models themselves."""
 

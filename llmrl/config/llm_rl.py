@@ -1,4 +1,4 @@
-"""Params of the LLM_RL stages: ``math_data``, ``reinforce_train`` (common + one block per variant), ``math_eval``."""
+"""Params of the LLM_RL stages: ``llm_rl_data``, ``llm_rl_train`` (common + one block per variant), ``llm_rl_eval``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmrl.config import Section
+from llmrl.config.lora import LoraSettings
 
 
 class MathDataParams(Section):
@@ -31,23 +32,19 @@ class MathDataParams(Section):
         return self
 
 
-class LoraParams(Section):
-    r: int = Field(16, gt=0, description="LoRA rank")
-    alpha: int = Field(32, gt=0, description="LoRA alpha")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
-
-
 class CommonTrainParams(Section):
     model: str = Field("models/base_llm", description="base model spec (folder, hub name, embedded:..., tiny)")
     seed: int = Field(0, ge=0, description="one seed for Python, NumPy, torch and LLM sampling")
     few_shot: int = Field(4, ge=0, description="solved train problems shown before each problem (the first k)")
-    lora: LoraParams | None = Field(default_factory=LoraParams, description="LoRA adapter; null: full fine-tune")
-    lr: float = Field(2e-4, gt=0, description="learning rate (both variants)")
+    lora: LoraSettings | None = Field(LoraSettings(r=16, alpha=32, dropout=0.0),
+                                      description="LoRA adapter (both variants); null: full fine-tune")
+    lr: float = Field(2e-4, gt=0, description="learning rate (both variants; original: 1e-5, full "
+                                                         "fine-tune)")
     lr_schedule: Literal["constant", "linear"] = Field(
         "constant", description="both variants: constant, or linear decay to 0 over the optimiser steps "
                                 "(transformers' linear schedule, which TRL applies)")
     grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (both variants)")
-    iterations: int = Field(3, gt=0, description="collect-then-update iterations (GRPO: generation rounds)")
+    iterations: int = Field(3, gt=0, description="collect-then-update iterations (GRPO: generation rounds; original: 20)")
     problems_per_iteration: int = Field(4, gt=0, description="train problems per iteration")
     group_size: int = Field(4, gt=0, description="episodes (completions) per problem")
     temperature: float = Field(0.7, gt=0, description="sampling temperature during training (original: 1.0)")
@@ -55,8 +52,9 @@ class CommonTrainParams(Section):
     answer_tokens: int = Field(
         96, gt=0, description="token budget of one answer, both variants: GRPO's completion length; REINFORCE's "
                               "lines of one episode together (each line also capped by line_tokens)")
-    line_tokens: int = Field(40, gt=0, description="REINFORCE only: tokens per line (≤ answer_tokens)")
-    micro_batch: int = Field(8, gt=0, description="episodes (GRPO: completions) per optimizer step")
+    line_tokens: int = Field(40, gt=0, description="REINFORCE only: tokens per line (≤ answer_tokens; original: 64)")
+    micro_batch: int = Field(8, gt=0, description="episodes (GRPO: completions) per optimizer step "
+                                                      "(original: 32 (state, line) samples)")
     gen_batch_size: int = Field(24, gt=0, description="prompts generated together")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
     dtype: str | None = Field(None, description="float32/bfloat16; None: bf16 on GPU, fp32 on CPU")
@@ -70,8 +68,9 @@ class ReinforceKLParams(Section):
     gamma: float = Field(0.99, gt=0, le=1, description="per-line discount of the final reward")
     baseline: Literal["none", "batch", "group"] = Field(
         "group", description="return baseline: none (the original), batch mean, or leave-one-out per problem")
-    max_steps: int = Field(4, gt=0, description="lines per episode before truncation")
-    calculator: bool = Field(False, description="rewrite <<expr=result>> annotations with the safe calculator")
+    max_steps: int = Field(4, gt=0, description="lines per episode before truncation (original: 10)")
+    calculator: bool = Field(False, description="rewrite <<expr=result>> annotations with the safe calculator "
+                                                    "(the original's README command: on)")
     epochs: int = Field(1, gt=0, description="passes over an iteration's samples")
 
 
@@ -86,9 +85,12 @@ class GRPOParams(Section):
 
 
 class ReinforceTrainParams(Section):
-    common: CommonTrainParams
-    reinforce_kl: ReinforceKLParams
-    grpo: GRPOParams
+    """The settings of both LLM_RL variants: REINFORCE-KL takes this model as it is; GRPO's TRL settings are
+    derived from ``common`` and ``grpo`` by ``llmrl.algos.llm_rl_grpo.trainer_params``."""
+
+    common: CommonTrainParams = Field(default_factory=CommonTrainParams, description="budget shared by both variants")
+    reinforce_kl: ReinforceKLParams = Field(default_factory=ReinforceKLParams, description="REINFORCE-KL only")
+    grpo: GRPOParams = Field(default_factory=GRPOParams, description="GRPO (TRL) only")
 
     @model_validator(mode="after")
     def _batches_fit(self):
@@ -107,7 +109,7 @@ class ReinforceTrainParams(Section):
 class MathEvalParams(Section):
     n_problems: int | None = Field(None, gt=0, description="test problems evaluated; None: the whole test split")
     max_new_tokens: int | None = Field(
-        None, gt=0, description="tokens per solution; None: reinforce_train.common.answer_tokens, the budget "
+        None, gt=0, description="tokens per solution; None: llm_rl.train.common.answer_tokens, the budget "
                                 "both variants trained with")
     max_truncated: float = Field(0.05, ge=0, le=1, description="largest share of a model's answers the cap should "
                                                                "cut; above it the stage warns (raise the cap)")
@@ -116,6 +118,6 @@ class MathEvalParams(Section):
     top_p: float = Field(0.9, gt=0, le=1, description="sampled mode nucleus")
     seed: int = Field(1234, ge=0, description="sampling seed")
     models: list[str] = Field(["base", "reinforce_kl", "grpo"], min_length=1,
-                              description="base, or a reinforce_train variant")
+                              description="base, or a llm_rl_train variant")
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")

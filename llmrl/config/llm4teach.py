@@ -1,4 +1,4 @@
-"""Params of the LLM4Teach stages (``teach`` section of params.yaml): teacher, training, MPE, evaluation."""
+"""Params of the LLM4Teach stages (``llm4teach`` section of params.yaml): teacher, training, MPE, evaluation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
 TeacherKind = Literal["llm", "oracle", "none"]
 
 
-class TeachTeacherParams(Section):
+class LLM4TeachTeacherParams(Section):
     backend: Literal["local", "openai"] = Field("local", description="local: load_model(spec) in-process; "
                                                 "openai: an OpenAI-compatible endpoint (openai_api)")
     spec: str = Field("models/base_llm", description="model spec for the local backend (folder, embedded:..., hub "
@@ -28,9 +28,9 @@ class TeachTeacherParams(Section):
         "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
         "llmrl.llm.serve); 'chat' lets the server render it (hosted chat APIs; not every server continues an "
         "answer prefix)")
-    deadline_s: float | None = Field(1800.0, gt=0, description="teach_plans: seconds the whole planning pass may "
+    deadline_s: float | None = Field(1800.0, gt=0, description="llm4teach_plans: seconds the whole planning pass may "
                                      "take (any backend); null: no deadline")
-    max_error_rate: float = Field(0.1, ge=0, le=1, description="teach_plans fails (writing nothing) once LLM "
+    max_error_rate: float = Field(0.1, ge=0, le=1, description="llm4teach_plans fails (writing nothing) once LLM "
                                   "faults exceed this share of its replies: an outage is never cached as the teacher")
     n_ask: int = Field(10, ge=1, description="replies sampled per observation text (original: 10)")
     max_new_tokens: int = Field(24, gt=0, description="reply length budget in tokens")
@@ -46,26 +46,26 @@ class TeachTeacherParams(Section):
                                               "thread, and `make repro` runs two one-thread stages side by side)")
 
 
-class TeachStudentParams(Section):
+class LLM4TeachStudentParams(Section):
     channels: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1,
                                 description="3x3 convolution channels (original: 16, 32, 64)")
     hidden: int = Field(64, gt=0, description="width of the actor and critic heads")
     embed_dim: int = Field(8, gt=0, description="embedding width of each cell's (object, colour, state, direction)")
 
 
-class TeachTrainParams(Section):
+class LLM4TeachTrainParams(Section):
     envs: list[EnvKey] = Field(min_length=1, description="DoorKey-family environments to train on")
     teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure PPO)")
     seeds: list[int] = Field(min_length=1, description="training seeds (env and torch)")
     ppo: PPOParams
     distill: DistillParams = DistillParams()
-    student: TeachStudentParams = TeachStudentParams()
+    student: LLM4TeachStudentParams = LLM4TeachStudentParams()
     curve_points: int = Field(8, gt=0, description="greedy evaluations along training (learning curve, AULC)")
     curve_episodes: int = Field(20, gt=0, description="episodes per learning-curve evaluation")
     curve_seed: int = Field(500000, ge=0, description="first learning-curve level seed (apart from eval seeds)")
 
 
-class TeachMPEParams(Section):
+class LLM4TeachMPEParams(Section):
     teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure MAPPO)")
     seeds: list[int] = Field(min_length=1, description="training seeds")
     n_agents: int = Field(3, ge=2, le=3, description="agents = landmarks (the teacher's text assumes 3)")
@@ -76,17 +76,17 @@ class TeachMPEParams(Section):
     distill: DistillParams = DistillParams()
 
 
-class TeachValidationParams(Section):
+class LLM4TeachValidationParams(Section):
     seed: int = Field(300000, ge=0, description="first validation level seed (DoorKey levels; MPE: the episode "
                       "stream's seed); disjoint from the test levels (eval.seed..), the learning-curve levels "
                       "(train.curve_seed..) and the training seeds. Every selection of settings scores on these "
-                      "only (scripts/teach_select.py), never on the test levels")
+                      "only (scripts/llm4teach_select.py), never on the test levels")
     episodes: int = Field(50, gt=0, description="validation episodes per candidate and tuning seed")
-    selection: str = Field("metrics/teach/selection.json", description="the record of the last selection "
+    selection: str = Field("metrics/llm4teach/selection.json", description="the record of the last selection "
                            "(candidates, validation scores per tuning seed, the pick); a plain file, not a metric")
 
 
-class TeachEvalParams(Section):
+class LLM4TeachEvalParams(Section):
     episodes: int = Field(100, ge=100, description="evaluation episodes per policy, seed and mode (>= 100)")
     seed: int = Field(200000, ge=0, description="first evaluation (test) level seed; disjoint from training, "
                       "learning-curve and validation seeds; never used to select settings")
@@ -94,17 +94,17 @@ class TeachEvalParams(Section):
     ppo_ceiling: float = Field(0.5, gt=0, le=1, description="pure PPO must stay below this at the same budget")
 
 
-class TeachParams(Section):
+class LLM4TeachParams(Section):
     workers: int = Field(2, ge=1, description="seeds trained side by side, each alone in a single-threaded "
                                               "process (results do not depend on it)")
-    teacher: TeachTeacherParams = TeachTeacherParams()
-    train: TeachTrainParams
-    mpe: TeachMPEParams
-    validation: TeachValidationParams = TeachValidationParams()
-    eval: TeachEvalParams = TeachEvalParams()
+    teacher: LLM4TeachTeacherParams = LLM4TeachTeacherParams()
+    train: LLM4TeachTrainParams
+    mpe: LLM4TeachMPEParams
+    validation: LLM4TeachValidationParams = LLM4TeachValidationParams()
+    eval: LLM4TeachEvalParams = LLM4TeachEvalParams()
 
     @model_validator(mode="after")
-    def _levels_disjoint(self) -> TeachParams:
+    def _levels_disjoint(self) -> LLM4TeachParams:
         """Validation, test and learning-curve level ranges must not overlap (test data never feeds selection)."""
         ranges = {"validation": (self.validation.seed, self.validation.episodes),
                   "eval": (self.eval.seed, self.eval.episodes),
@@ -112,5 +112,5 @@ class TeachParams(Section):
         items = sorted(ranges.items(), key=lambda kv: kv[1][0])
         for (a, (sa, na)), (b, (sb, _)) in zip(items, items[1:]):
             if sa + na > sb:
-                raise ValueError(f"teach.{a} levels {sa}..{sa + na - 1} overlap teach.{b} levels from {sb}")
+                raise ValueError(f"llm4teach.{a} levels {sa}..{sa + na - 1} overlap llm4teach.{b} levels from {sb}")
         return self

@@ -1,14 +1,19 @@
-"""Stage teach_train_mpe@<teacher>: MAPPO on MPE simple_spread (N=3) with a per-agent LLM teacher, the oracle
+"""Stage llm4teach_train_mpe@<teacher>: MAPPO on MPE simple_spread (N=3) with a per-agent LLM teacher, the oracle
 teacher, or none (pure MAPPO with a centralised critic), for the same frame budget, one per seed of
-``teach.mpe.seeds`` (``teach.workers`` at a time, each alone in a single-threaded process).
+``llm4teach.mpe.seeds`` (``llm4teach.workers`` at a time, each alone in a single-threaded process).
 
-Usage: python stages/teach_train_mpe.py <llm|oracle|none>
-Writes, per seed k, models/teach/mpe-<teacher>/seed-k/student.pt, metrics/teach/train/mpe-<teacher>/seed-k.json
-and dvclive curves under plots/teach/train/mpe-<teacher>/seed-k/.
+Usage: python stages/llm4teach_train_mpe.py <llm|oracle|none>
+Writes, per seed k, models/llm4teach/mpe-<teacher>/seed-k/student.pt, metrics/llm4teach/train/mpe-<teacher>/seed-k.json
+and dvclive curves under plots/llm4teach/train/mpe-<teacher>/seed-k/.
 """
 
-from common import log, open_live, stage_params  # isort: skip
-from teach_common import (MPE_KEY, group_name, log_iteration, make_teacher, save_run,  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
+# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
+prepare_stage_process(torch_threads=1)
+
+from llm4teach_common import (MPE_KEY, group_name, log_iteration, make_teacher, save_run,  # isort: skip
                           teacher_record, train_group)
 
 import functools
@@ -16,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from llmrl.algos.teach_runs import train_spread_student
-from llmrl.config.teach import TeachParams
+from llmrl.algos.llm4teach_runs import train_spread_student
+from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.envs.mpe import N_ACTIONS
 
 
 def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
-    p = stage_params("teach", TeachParams)
+    p = stage_params("llm4teach", LLM4TeachParams)
     m = p.mpe
     run = f"mpe-{teacher_kind}-{seed}"
     teacher = make_teacher(MPE_KEY, teacher_kind, p.teacher, N_ACTIONS) if teacher_kind != "none" else None
@@ -47,14 +52,14 @@ def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots
 
 
 def main(teacher_kind: str) -> None:
-    p = stage_params("teach", TeachParams)
+    p = stage_params("llm4teach", LLM4TeachParams)
     if teacher_kind not in p.mpe.teachers:
-        raise SystemExit(f"teach_train_mpe: {teacher_kind} is not in teach.mpe.teachers")
+        raise SystemExit(f"llm4teach_train_mpe: {teacher_kind} is not in llm4teach.mpe.teachers")
     train_group(group_name(MPE_KEY, teacher_kind), p.mpe.seeds, p.workers,
                 functools.partial(run_seed, teacher_kind))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: teach_train_mpe.py <llm|oracle|none>")
+        raise SystemExit("usage: llm4teach_train_mpe.py <llm|oracle|none>")
     main(sys.argv[1])

@@ -4,7 +4,7 @@ Whole solutions are sampled (``num_generations`` per prompt) instead of line by 
 chat (system prompt, few-shot pairs, problem) that TRL renders with the model's own chat template, identical to
 ``LLM.render``; the reward is 1 for a correct final answer. The trainer is the project's one GRPO set-up
 (``llmrl.algos.grpo``, also ProPS's); ``trainer_params`` turns the budget both variants share
-(``reinforce_train.common``) into its settings: ``iterations`` generation rounds of ``problems_per_iteration ×
+(``llm_rl.train.common``) into its settings: ``iterations`` generation rounds of ``problems_per_iteration ×
 group_size`` completions, each split into optimiser steps of ``micro_batch``.
 """
 
@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from llmrl.agents.math_solver import build_messages
 from llmrl.algos.grpo import GRPORun, build_grpo_trainer, completion_text
 from llmrl.config.grpo import GRPOTrainParams
-from llmrl.config.lora import LoraSettings
-from llmrl.config.math import CommonTrainParams, GRPOParams
-from llmrl.data.math_answers import answers_match, extract_answer, through_first_answer
+from llmrl.config.llm_rl import CommonTrainParams, GRPOParams
+from llmrl.envs.word_problems.answers import answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM
 
 
@@ -26,8 +25,6 @@ def trainer_params(common: CommonTrainParams, grpo: GRPOParams, *, bf16: bool = 
     """GRPO settings for the budget ``reinforce_kl`` also trains with: the same samples, optimiser steps, lr and
     schedule, gradient clip and tokens per answer. ``bf16`` is honoured on a CUDA device with bf16 only."""
     steps_per_generation = common.problems_per_iteration * common.group_size // common.micro_batch
-    lora = None if common.lora is None else LoraSettings(r=common.lora.r, alpha=common.lora.alpha,
-                                                         dropout=common.lora.dropout, target_modules="all-linear")
     return GRPOTrainParams(
         learning_rate=grpo.learning_rate or common.lr, loss_type=grpo.loss_type, beta=grpo.beta,
         num_iterations=grpo.num_iterations, epsilon=grpo.epsilon, scale_rewards=grpo.scale_rewards,
@@ -39,11 +36,11 @@ def trainer_params(common: CommonTrainParams, grpo: GRPOParams, *, bf16: bool = 
         # The few-shot prefix shared by a micro-batch's prompts runs once, without checkpointing (whole prompts
         # under checkpointing took 5.2 GiB; without either, 8.3 GiB).
         share_prompt_prefix=True, gradient_checkpointing=False,
-        lora=lora)
+        lora=common.lora)
 
 
 def stated_answer(completion) -> str | None:
-    """The answer a completion states first (what ends a ``reinforce_kl`` episode and what ``math_eval`` scores)."""
+    """The answer a completion states first (what ends a ``reinforce_kl`` episode and what ``llm_rl_eval`` scores)."""
     text = completion_text(completion)
     return extract_answer(through_first_answer(text) or text)
 

@@ -1,15 +1,20 @@
-"""Stage teach_train@<env>-<teacher>: PPO students on a DoorKey-family task, with an LLM teacher, the oracle
-teacher, or none (pure PPO), for the same frame budget, one per seed of ``teach.train.seeds``.
+"""Stage llm4teach_train@<env>-<teacher>: PPO students on a DoorKey-family task, with an LLM teacher, the oracle
+teacher, or none (pure PPO), for the same frame budget, one per seed of ``llm4teach.train.seeds``.
 
-Usage: python stages/teach_train.py <env> <llm|oracle|none>
-The seeds train ``teach.workers`` at a time, each alone in a single-threaded process. Writes, per seed k,
-models/teach/<env>-<teacher>/seed-k/student.pt (state_dict + config), metrics/teach/train/<env>-<teacher>/seed-k.json
+Usage: python stages/llm4teach_train.py <env> <llm|oracle|none>
+The seeds train ``llm4teach.workers`` at a time, each alone in a single-threaded process. Writes, per seed k,
+models/llm4teach/<env>-<teacher>/seed-k/student.pt (state_dict + config), metrics/llm4teach/train/<env>-<teacher>/seed-k.json
 (the learning curve of greedy success on the curve levels, its area (AULC), the teacher's text and LLM reply
-statistics) and dvclive curves under plots/teach/train/<env>-<teacher>/seed-k/.
+statistics) and dvclive curves under plots/llm4teach/train/<env>-<teacher>/seed-k/.
 """
 
-from common import log, open_live, stage_params  # isort: skip
-from teach_common import (env_id, group_name, log_iteration, make_teacher, save_run,  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
+# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
+prepare_stage_process(torch_threads=1)
+
+from llm4teach_common import (env_id, group_name, log_iteration, make_teacher, save_run,  # isort: skip
                           teacher_record, train_group)
 
 import functools
@@ -18,14 +23,14 @@ import time
 from pathlib import Path
 
 
-from llmrl.algos.teach_runs import train_grid_student
-from llmrl.config.teach import TeachParams
+from llmrl.algos.llm4teach_runs import train_grid_student
+from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.envs import make_env
 from llmrl.eval.curves import aulc, grid_curve_measure
 
 
 def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
-    p = stage_params("teach", TeachParams)
+    p = stage_params("llm4teach", LLM4TeachParams)
     t = p.train
     run = f"{key}-{teacher_kind}-{seed}"
     eid = env_id(key)
@@ -60,14 +65,14 @@ def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: P
 
 
 def main(key: str, teacher_kind: str) -> None:
-    p = stage_params("teach", TeachParams)
+    p = stage_params("llm4teach", LLM4TeachParams)
     if key not in p.train.envs or teacher_kind not in p.train.teachers:
-        raise SystemExit(f"teach_train: {key}-{teacher_kind} is not in teach.train envs/teachers")
+        raise SystemExit(f"llm4teach_train: {key}-{teacher_kind} is not in llm4teach.train envs/teachers")
     train_group(group_name(key, teacher_kind), p.train.seeds, p.workers,
                 functools.partial(run_seed, key, teacher_kind))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit("usage: teach_train.py <env> <llm|oracle|none>")
+        raise SystemExit("usage: llm4teach_train.py <env> <llm|oracle|none>")
     main(sys.argv[1], sys.argv[2])

@@ -23,13 +23,13 @@ from llmrl.agents.teacher import (
     validate_plan,
 )
 from llmrl.algos.mappo import make_mappo_agent, train_mappo
-from llmrl.algos.ppo import make_vector_env, ppo_loss, train
+from llmrl.algos.distilled_ppo import make_vector_env, ppo_loss, train
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.eval.seeds import aggregate_seeds
-from llmrl.eval.teach_report import aulc, beats_random, result_check, return_headline, select_setting
+from llmrl.eval.llm4teach import aulc, beats_random, result_check, return_headline, select_setting
 from llmrl.llm.backends import (CachedBackend, CacheMissError, LazyBackend, LocalBackend, ReplyCache,
                                 SharedPromptBackend)
 from llmrl.llm.generate import Generation, SamplingConfig
@@ -480,25 +480,25 @@ def test_return_headline_is_seed_level():
 
 def test_teach_params_keep_validation_and_test_levels_apart():
     from llmrl.config import ParamsError, load_section, read_params
-    from llmrl.config.teach import TeachParams
+    from llmrl.config.llm4teach import LLM4TeachParams
 
     from tests.conftest import ROOT
 
     raw = read_params(ROOT / "params.yaml")
-    p = load_section(raw, "teach", TeachParams)
+    p = load_section(raw, "llm4teach", LLM4TeachParams)
     val = range(p.validation.seed, p.validation.seed + p.validation.episodes)
     test = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     assert not set(val) & set(test)
-    raw["teach"]["validation"] = {**raw["teach"].get("validation", {}), "seed": p.eval.seed + 10}
+    raw["llm4teach"]["validation"] = {**raw["llm4teach"].get("validation", {}), "seed": p.eval.seed + 10}
     with pytest.raises(ParamsError, match="overlap"):
-        load_section(raw, "teach", TeachParams)
+        load_section(raw, "llm4teach", LLM4TeachParams)
 
 
 def test_train_grid_student_measures_curve_at_start_and_end():
-    from llmrl.algos.teach_runs import train_grid_student
-    from llmrl.config.teach import TeachTrainParams
+    from llmrl.algos.llm4teach_runs import train_grid_student
+    from llmrl.config.llm4teach import LLM4TeachTrainParams
 
-    t = TeachTrainParams(envs=["simpledoorkey"], teachers=["oracle"], seeds=[0], curve_points=2,
+    t = LLM4TeachTrainParams(envs=["simpledoorkey"], teachers=["oracle"], seeds=[0], curve_points=2,
                          ppo={"total_frames": 512, "num_envs": 2, "num_steps": 64, "minibatch_size": 64},
                          distill={"decrement": 2.5, "until_iteration": 3}, student={"channels": [4], "hidden": 8})
     teacher = TeacherPolicy("doorkey", OraclePlanner("doorkey"), 7)

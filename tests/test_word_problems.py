@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from llmrl.config import ParamsError, load_section
-from llmrl.config.math import MathDataParams, ReinforceTrainParams
-from llmrl.data.math import (
+from llmrl.config.llm_rl import MathDataParams, ReinforceTrainParams
+from llmrl.envs.word_problems.datasets import (
     MathDataError,
     check_disjoint,
     normalize,
@@ -20,17 +20,10 @@ from llmrl.data.math import (
     read_records,
     write_jsonl,
 )
-from llmrl.data.math_gen import generate_problems, generated_splits
-from llmrl.envs.math import (
-    CalculatorError,
-    MathEnv,
-    answers_match,
-    apply_calculator,
-    discounted_returns,
-    extract_answer,
-    is_correct,
-    safe_eval,
-)
+from llmrl.envs.word_problems.answers import answers_match, extract_answer, is_correct
+from llmrl.envs.word_problems.calculator import CalculatorError, apply_calculator, safe_eval
+from llmrl.envs.word_problems.env import MathEnv
+from llmrl.envs.word_problems.generator import generate_problems, generated_splits
 
 # (predicted text, gold answer, should match)
 ANSWER_TABLE = [
@@ -128,14 +121,15 @@ def test_no_eval_or_exec_in_math_code():
     import inspect
 
     import llmrl.agents.math_solver as ms
-    import llmrl.algos.grpo_math as gm
+    import llmrl.algos.llm_rl_grpo as gm
     import llmrl.algos.reinforce_kl as rk
-    import llmrl.data.math as dm
-    import llmrl.data.math_answers as ma
-    import llmrl.data.math_gen as mg
-    import llmrl.envs.math as em
+    import llmrl.envs.word_problems.answers as ma
+    import llmrl.envs.word_problems.calculator as mc
+    import llmrl.envs.word_problems.datasets as dm
+    import llmrl.envs.word_problems.env as em
+    import llmrl.envs.word_problems.generator as mg
 
-    for module in (em, ma, rk, gm, ms, dm, mg):
+    for module in (em, ma, mc, rk, gm, ms, dm, mg):
         calls = [n.func.id for n in ast.walk(ast.parse(inspect.getsource(module)))
                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
         assert not {"eval", "exec", "compile"} & set(calls), module.__name__
@@ -183,6 +177,8 @@ def test_env_calculator_and_seeded_reset():
 
 
 def test_discounted_returns():
+    from llmrl.algos.reinforce_kl import discounted_returns
+
     np.testing.assert_allclose(discounted_returns(3, 1.0, 0.99), [0.99**2, 0.99, 1.0])
     np.testing.assert_allclose(discounted_returns(2, 20.0, 1.0), [10.0, 10.0])  # clamped as the original
 
@@ -256,14 +252,14 @@ def test_math_records_and_bad_records(tmp_path):
 
 
 def test_params_errors_name_the_key():
-    with pytest.raises(ParamsError, match="math_data.n_test: must be > 0"):
-        load_section({"math_data": {"n_test": 0}}, "math_data", MathDataParams)
+    with pytest.raises(ParamsError, match="llm_rl.data.n_test: must be > 0"):
+        load_section({"llm_rl": {"data": {"n_test": 0}}}, "llm_rl.data", MathDataParams)
     with pytest.raises(ParamsError, match="train_path/test_path need source"):
-        load_section({"math_data": {"train_path": "x.jsonl"}}, "math_data", MathDataParams)
+        load_section({"llm_rl": {"data": {"train_path": "x.jsonl"}}}, "llm_rl.data", MathDataParams)
     good = {"common": {}, "reinforce_kl": {}, "grpo": {}}
     assert load_section({"r": good}, "r", ReinforceTrainParams).common.lr > 0
-    with pytest.raises(ParamsError, match="reinforce_train.common.lr: must be > 0"):
-        load_section({"reinforce_train": {**good, "common": {"lr": -1}}}, "reinforce_train", ReinforceTrainParams)
+    with pytest.raises(ParamsError, match="llm_rl.train.common.lr: must be > 0"):
+        load_section({"llm_rl": {"train": {**good, "common": {"lr": -1}}}}, "llm_rl.train", ReinforceTrainParams)
     with pytest.raises(ParamsError, match="micro_batch"):
         load_section({"r": {**good, "common": {"micro_batch": 3}}}, "r", ReinforceTrainParams)
 
@@ -271,8 +267,8 @@ def test_params_errors_name_the_key():
 def test_the_first_stated_answer_counts_everywhere():
     """Training (MathEnv, the GRPO reward) and evaluation score the answer a solution states first: what a policy
     writes after it (a new problem from the few-shot pattern, another answer) is not its answer."""
-    from llmrl.algos.grpo_math import correctness_reward
-    from llmrl.data.math_answers import extract_answer, through_first_answer
+    from llmrl.algos.llm_rl_grpo import correctness_reward
+    from llmrl.envs.word_problems.answers import extract_answer, through_first_answer
 
     text = "2 + 3 = 5\nThe answer is: 5\nProblem: Ann has 1 pen.\nThe answer is: 1\n"
     assert through_first_answer(text) == "2 + 3 = 5\nThe answer is: 5\n"

@@ -1,17 +1,19 @@
-"""Stage math_data: train and test problems in one JSONL format under data/math/ (train.jsonl, test.jsonl).
+"""Stage llm_rl_data: train and test problems in one JSONL format under data/llm_rl/ (train.jsonl, test.jsonl).
 
-Sources (params ``math_data.source``): the embedded generator (default, offline), GSM8K or MATH from local
-files (``train_path``/``test_path``) or the hub. The test split is only ever read by math_eval.
+Sources (params ``llm_rl.data.source``): the embedded generator (default, offline), GSM8K or MATH from local
+files (``train_path``/``test_path``) or the hub. The test split is only ever read by llm_rl_eval.
 """
 
-from common import ROOT, log, stage_params  # isort: skip
+from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
 
-from llmrl.config.math import MathDataParams
-from llmrl.data.math import check_disjoint, load_hub, normalize, read_records, write_jsonl
-from llmrl.data.math_gen import generated_splits
-from llmrl.io import atomic_path, write_json
+prepare_stage_process()
 
-OUT = ROOT / "data" / "math"
+from llmrl.config.llm_rl import MathDataParams
+from llmrl.envs.word_problems.datasets import check_disjoint, load_hub, normalize, read_records, write_jsonl
+from llmrl.envs.word_problems.generator import generated_splits
+from llmrl.files import atomic_path, write_json
+
+OUT = ROOT / "data" / "llm_rl"
 HUB = {"gsm8k": ("openai/gsm8k", ["main"]),
        "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
                                               "intermediate_algebra", "number_theory", "prealgebra", "precalculus"])}
@@ -27,7 +29,7 @@ def real_split(p: MathDataParams, split: str, path: str | None) -> list[dict]:
 
 
 def main() -> None:
-    p = stage_params("math_data", MathDataParams)
+    p = stage_params("llm_rl.data", MathDataParams)
     if p.source == "generated":
         train, test = generated_splits(p.n_train, p.n_test, p.seed, p.two_step_fraction, p.max_number)
     else:
@@ -42,7 +44,7 @@ def main() -> None:
         write_jsonl(tmp / "test.jsonl", test)
         write_json(tmp / "summary.json", {"source": p.source, "train": len(train), "test": len(test),
                                           "disjoint": True})
-    log.info("math_data: %d train and %d test problems from %s", len(train), len(test), p.source)
+    log.info("llm_rl_data: %d train and %d test problems from %s", len(train), len(test), p.source)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The TRL GRPO variant of the math stage runs on the tiny model with the same prompts and reward."""
+"""The TRL GRPO variant of LLM_RL's training stage runs on the tiny model with the same prompts and reward."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 
 from llmrl.agents.math_solver import build_messages
 from llmrl.algos.grpo import train
-from llmrl.algos.grpo_math import build_dataset, build_trainer, correctness_reward, trainer_params
-from llmrl.config.math import CommonTrainParams, GRPOParams, LoraParams, ReinforceKLParams, ReinforceTrainParams
-from llmrl.llm import load_model
+from llmrl.algos.llm_rl_grpo import build_dataset, build_trainer, correctness_reward, trainer_params
+from llmrl.config.llm_rl import CommonTrainParams, GRPOParams, ReinforceKLParams, ReinforceTrainParams
+from llmrl.llm import LoraSettings, load_model
 
 PROBLEMS = [{"id": f"p{i}", "problem": f"What is {i} + 1?", "solution": f"The answer is: {i + 1}",
              "answer": str(i + 1)} for i in range(6)]
@@ -23,7 +23,7 @@ def test_reward_and_dataset():
 
 def _common(**kw) -> CommonTrainParams:
     base = dict(iterations=1, problems_per_iteration=2, group_size=2, micro_batch=2, answer_tokens=6, line_tokens=6,
-                lora=LoraParams(r=4, alpha=8, dropout=0.0))
+                lora=LoraSettings(r=4, alpha=8, dropout=0.0))
     return CommonTrainParams(**{**base, **kw})
 
 

@@ -1,11 +1,13 @@
-"""Stage reinforce_train@<variant>: RL on the math train split, variant reinforce_kl (ours) or grpo (TRL).
+"""Stage llm_rl_train@<variant>: RL on the math train split, variant reinforce_kl (ours) or grpo (TRL).
 
-Writes models/math/<variant>/ (the LoRA adapter or the whole model, every sampled episode or completion in
-rollouts.jsonl, the rendered prompt of the first problem), metrics/math/train_<variant>.json and dvclive
-curves under plots/math/train_<variant>/.
+Writes models/llm_rl/<variant>/ (the LoRA adapter or the whole model, every sampled episode or completion in
+rollouts.jsonl, the rendered prompt of the first problem), metrics/llm_rl/train_<variant>.json and dvclive
+curves under plots/llm_rl/train_<variant>/.
 """
 
-from common import ROOT, log, model_spec, open_live, stage_params  # isort: skip
+from common import ROOT, log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
+
+prepare_stage_process()
 
 import json
 import shutil
@@ -18,27 +20,19 @@ import torch
 
 from llmrl.agents.math_solver import build_messages, write_policy
 from llmrl.checkpoint import project_sources, run_identity
-from llmrl.config.math import ReinforceTrainParams
-from llmrl.data.math import read_jsonl
-from llmrl.io import atomic_path, write_json, write_text
-from llmrl.llm import LoraSettings, load_model
+from llmrl.config.llm_rl import ReinforceTrainParams
+from llmrl.envs.word_problems.datasets import read_jsonl
+from llmrl.files import atomic_path, write_json, write_text
+from llmrl.llm import load_model
 from llmrl.seeding import seed_everything
 
 VARIANTS = ("reinforce_kl", "grpo")
 
 
 def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, checkpoint, identity):
-    from llmrl.algos.reinforce_kl import ReinforceKL, ReinforceKLConfig
+    from llmrl.algos.reinforce_kl import ReinforceKL
 
-    c, r = p.common, p.reinforce_kl
-    cfg = ReinforceKLConfig(
-        iterations=c.iterations, problems_per_iteration=c.problems_per_iteration, group_size=c.group_size,
-        max_steps=r.max_steps, max_new_tokens=c.line_tokens, answer_tokens=c.answer_tokens,
-        temperature=c.temperature, top_p=c.top_p,
-        calculator=r.calculator, beta=r.beta, ref_update_iterations=r.ref_update_iterations, gamma=r.gamma,
-        baseline=r.baseline, lr=c.lr, lr_schedule=c.lr_schedule, grad_clip=c.grad_clip,
-        micro_batch=c.micro_batch, epochs=r.epochs, gen_batch_size=c.gen_batch_size, seed=c.seed)
-    algo = ReinforceKL(llm, cfg, problems, shots)
+    algo = ReinforceKL(llm, p, problems, shots)
     history, rollouts = [], []
     for stats, episodes in algo.train(checkpoint=checkpoint, identity=identity):
         history.append(stats)
@@ -54,7 +48,7 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, chec
 
 def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live, workdir):
     from llmrl.algos.grpo import train
-    from llmrl.algos.grpo_math import build_trainer, trainer_params
+    from llmrl.algos.llm_rl_grpo import build_trainer, trainer_params
 
     rollouts: list[dict] = []
     cfg = trainer_params(p.common, p.grpo, bf16=llm.dtype == torch.bfloat16)
@@ -79,32 +73,32 @@ def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live, workdir):
 def main() -> None:
     variant = sys.argv[1] if len(sys.argv) > 1 else "reinforce_kl"
     if variant not in VARIANTS:
-        raise SystemExit(f"reinforce_train: unknown variant {variant!r}; known: {VARIANTS}")
-    p = stage_params("reinforce_train", ReinforceTrainParams)
+        raise SystemExit(f"llm_rl_train: unknown variant {variant!r}; known: {VARIANTS}")
+    p = stage_params("llm_rl.train", ReinforceTrainParams)
     c = p.common
     seed_everything(c.seed)
     torch.set_num_threads(c.threads)
-    train = read_jsonl(ROOT / "data" / "math" / "train.jsonl")
+    train = read_jsonl(ROOT / "data" / "llm_rl" / "train.jsonl")
     if len(train) <= c.few_shot:
-        raise SystemExit(f"reinforce_train.common.few_shot={c.few_shot} leaves no train problems")
+        raise SystemExit(f"llm_rl.train.common.few_shot={c.few_shot} leaves no train problems")
     shots, problems = train[: c.few_shot], train[c.few_shot:]
-    lora = LoraSettings(r=c.lora.r, alpha=c.lora.alpha, dropout=c.lora.dropout) if c.lora else None
+    lora = c.lora
     spec = model_spec(c.model)
     # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
     llm = load_model(spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
-    out = ROOT / "models" / "math" / variant
+    out = ROOT / "models" / "llm_rl" / variant
     # Resume point (reinforce_kl): scratch, not a DVC out; resumed only by the same run (params, base model and
     # data contents, the source of every project module loaded), removed once the outputs are written.
-    checkpoint = ROOT / ".cache" / "resume" / "reinforce_train" / variant / "checkpoint.pt"
+    checkpoint = ROOT / ".cache" / "resume" / "llm_rl_train" / variant / "checkpoint.pt"
     if variant == "reinforce_kl":
         import llmrl.algos.reinforce_kl  # noqa: F401  (loaded before project_sources: its code is in the identity)
     identity = run_identity({"variant": variant, "params": p.model_dump(mode="json")},
-                            inputs={"base_model": spec, "train": ROOT / "data" / "math" / "train.jsonl"}
-                            if Path(spec).is_dir() else {"train": ROOT / "data" / "math" / "train.jsonl"},
+                            inputs={"base_model": spec, "train": ROOT / "data" / "llm_rl" / "train.jsonl"}
+                            if Path(spec).is_dir() else {"train": ROOT / "data" / "llm_rl" / "train.jsonl"},
                             code=project_sources(ROOT))
     t0 = time.perf_counter()
-    with open_live(ROOT / "plots" / "math" / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:
+    with open_live(ROOT / "plots" / "llm_rl" / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:
         if variant == "reinforce_kl":
             llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live, checkpoint, identity)
         else:
@@ -119,7 +113,7 @@ def main() -> None:
     tokens = [r["tokens"] for r in rollouts if r.get("tokens") is not None]
     # Headline figures; the per-iteration history is the dvclive plot and the adapter folder's rollouts. The
     # budget fields let a reader check the two variants were compared on equal terms.
-    write_json(ROOT / "metrics" / "math" / f"train_{variant}.json", {
+    write_json(ROOT / "metrics" / "llm_rl" / f"train_{variant}.json", {
         "samples": len(rollouts), "optimizer_steps": steps, "answer_tokens": c.answer_tokens,
         "tokens": round(float(np.mean(tokens)), 1) if tokens else None,  # generated per sample
         "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4), "seconds": round(seconds, 1)})

@@ -1,5 +1,5 @@
 """LLM4Teach's result logic: seed-level headlines, the random-baseline check, the result
-check and the validation selection rule. Stages call these; tests pin them down (tests/test_teach.py).
+check and the validation selection rule. Stages call these; tests pin them down (tests/test_llm4teach.py).
 
 Seeds are the unit everywhere (``llmrl.eval.seeds.aggregate_seeds``): a policy's figure is the mean over its
 training seeds of the per-seed mean over evaluation episodes, with a hierarchical-bootstrap interval.
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from llmrl.eval.curves import aulc  # noqa: F401  (re-exported: part of the teach result logic)
+from llmrl.eval.curves import aulc  # noqa: F401  (re-exported: part of the LLM4Teach result logic)
 from llmrl.eval.seeds import SeedAggregate, aggregate_seeds
 
 

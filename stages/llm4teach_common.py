@@ -1,6 +1,6 @@
-"""What the LLM4Teach stages share: output paths and the planner built from the ``teach.teacher`` params.
+"""What the LLM4Teach stages share: output paths and the planner built from the ``llm4teach.teacher`` params.
 
-The planner's replies live in the reply cache ``data/teach/replies`` (an out of ``teach_plans``); training
+The planner's replies live in the reply cache ``data/llm4teach/replies`` (an out of ``llm4teach_plans``); training
 and evaluation open it offline, so they never load a model, and a missing reply fails the stage with a
 ``CacheMissError`` naming the text (a broken pipeline, not an LLM fault).
 """
@@ -23,23 +23,19 @@ from llmrl.agents.teacher import (
     TaskKind,
     TeacherPolicy,
 )
-from llmrl.config.teach import TeachTeacherParams
+from llmrl.config.llm4teach import LLM4TeachTeacherParams
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import ENV_ID as MPE_ID
-from llmrl.io import write_json
+from llmrl.files import write_json
 from llmrl.parallel import run_seeds_into
 from llmrl.llm.backends import CachedBackend, LazyBackend, ReplyCache, SharedPromptBackend
 from llmrl.llm.generate import SamplingConfig
 
-# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
-# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
-torch.set_num_threads(1)
-
-REPLIES = ROOT / "data" / "teach" / "replies"
-PLANS = ROOT / "data" / "teach" / "plans"
-MODELS = ROOT / "models" / "teach"
-METRICS = ROOT / "metrics" / "teach"
-PLOTS = ROOT / "plots" / "teach"
+REPLIES = ROOT / "data" / "llm4teach" / "replies"
+PLANS = ROOT / "data" / "llm4teach" / "plans"
+MODELS = ROOT / "models" / "llm4teach"
+METRICS = ROOT / "metrics" / "llm4teach"
+PLOTS = ROOT / "plots" / "llm4teach"
 MPE_KEY = "simple_spread"
 
 
@@ -51,7 +47,7 @@ def task_kind(key: str) -> TaskKind:
     return ENV_KIND[env_id(key)]
 
 
-def _backend_factory(p: TeachTeacherParams):
+def _backend_factory(p: LLM4TeachTeacherParams):
     if p.backend == "openai":
         from llmrl.llm.backends import openai_backend
         from llmrl.llm.load import load_tokenizer
@@ -73,7 +69,7 @@ def _backend_factory(p: TeachTeacherParams):
     return f"local-shared-prompt:{p.spec}", local
 
 
-def make_planner(key: str, teacher: str, p: TeachTeacherParams, *, offline: bool) -> LLMPlanner | OraclePlanner:
+def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: bool) -> LLMPlanner | OraclePlanner:
     kind = task_kind(key)
     if teacher == "oracle":
         return OraclePlanner(kind)
@@ -85,7 +81,7 @@ def make_planner(key: str, teacher: str, p: TeachTeacherParams, *, offline: bool
                       fallback_plan=p.fallback_plan)
 
 
-def make_teacher(key: str, teacher: str, p: TeachTeacherParams, n_actions: int) -> TeacherPolicy:
+def make_teacher(key: str, teacher: str, p: LLM4TeachTeacherParams, n_actions: int) -> TeacherPolicy:
     """The teacher of a run, replaying cached LLM replies offline."""
     return TeacherPolicy(task_kind(key), make_planner(key, teacher, p, offline=True), n_actions)
 
@@ -118,12 +114,12 @@ def group_name(key: str, teacher: str) -> str:
 
 
 def student_file(models: Path, seed: int) -> Path:
-    """A seed's student in a group's model folder (``models/teach/<group>``)."""
+    """A seed's student in a group's model folder (``models/llm4teach/<group>``)."""
     return models / f"seed-{seed}" / "student.pt"
 
 
 def train_record_file(records: Path, seed: int) -> Path:
-    """A seed's training record in a group's record folder (``metrics/teach/train/<group>``)."""
+    """A seed's training record in a group's record folder (``metrics/llm4teach/train/<group>``)."""
     return records / f"seed-{seed}.json"
 
 

@@ -1,19 +1,19 @@
-"""Select LLM4Teach's CPU settings on validation levels only (issue 9, item 6); writes metrics/teach/selection.json.
+"""Select LLM4Teach's CPU settings on validation levels only (issue 9, item 6); writes metrics/llm4teach/selection.json.
 
-Each part trains every candidate setting (overrides on top of params.yaml's ``teach`` section) on tuning seeds
-that are not the final training seeds, scores it on the validation levels/episodes (``teach.validation``,
-disjoint from the test levels ``teach.eval.seed``.. and from the learning-curve levels), and picks by the
-rule of ``llmrl.eval.teach_report.select_setting``. The test levels are never touched here. The picked
+Each part trains every candidate setting (overrides on top of params.yaml's ``llm4teach`` section) on tuning seeds
+that are not the final training seeds, scores it on the validation levels/episodes (``llm4teach.validation``,
+disjoint from the test levels ``llm4teach.eval.seed``.. and from the learning-curve levels), and picks by the
+rule of ``llmrl.eval.llm4teach.select_setting``. The test levels are never touched here. The picked
 settings are copied into params.yaml by hand, with a comment pointing at the record this script writes
 (a plain file, not a DVC metric).
 
 Parts:
   mpe      MAPPO (no teacher) on simple_spread: score = greedy validation return; pick = the highest mean.
   doorkey  budget and λ schedule of the DoorKey students (oracle teacher): score = greedy validation
-           success; pick = the cheapest candidate whose every tuning seed reaches teach.eval.success_target,
+           success; pick = the cheapest candidate whose every tuning seed reaches llm4teach.eval.success_target,
            else the best mean.
 
-Usage: python scripts/teach_select.py mpe|doorkey [--seeds 100 101] [--episodes N]
+Usage: python scripts/llm4teach_select.py mpe|doorkey [--seeds 100 101] [--episodes N]
 """
 
 from __future__ import annotations
@@ -37,17 +37,17 @@ import torch  # noqa: E402
 from llmrl.agents.student import StudentPolicy  # noqa: E402
 from llmrl.agents.teacher import ENV_KIND, OraclePlanner, TeacherPolicy  # noqa: E402
 from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy  # noqa: E402
-from llmrl.algos.teach_runs import train_grid_student, train_spread_student  # noqa: E402
+from llmrl.algos.llm4teach_runs import train_grid_student, train_spread_student  # noqa: E402
 from llmrl.config import load_section, read_params  # noqa: E402
-from llmrl.config.teach import TeachParams  # noqa: E402
+from llmrl.config.llm4teach import LLM4TeachParams  # noqa: E402
 from llmrl.envs import make_env  # noqa: E402
 from llmrl.envs.doorkey import ENV_IDS  # noqa: E402
 from llmrl.eval.batched import evaluate_batched  # noqa: E402
-from llmrl.eval.teach_report import select_setting  # noqa: E402
+from llmrl.eval.llm4teach import select_setting  # noqa: E402
 from llmrl.fingerprint import fingerprint_line  # noqa: E402
-from llmrl.io import write_json  # noqa: E402
+from llmrl.files import write_json  # noqa: E402
 
-OUT = ROOT / "metrics" / "teach" / "selection.json"
+OUT = ROOT / "metrics" / "llm4teach" / "selection.json"
 
 # Candidate overrides per part (a few, kept small for a shared 2-core machine). DoorKey: the λ schedule keeps
 # the original's form (λ0 − δ·k, floor, switched off from an iteration) with constants that reach the floor
@@ -78,7 +78,7 @@ def with_overrides(section: dict, cand: dict) -> dict:
     return out
 
 
-def run_mpe(raw: dict, p: TeachParams, seeds: list[int], episodes: int) -> dict:
+def run_mpe(raw: dict, p: LLM4TeachParams, seeds: list[int], episodes: int) -> dict:
     v = p.validation
     kw = dict(n_agents=p.mpe.n_agents, max_cycles=p.mpe.max_cycles, local_ratio=p.mpe.local_ratio)
     rng = np.random.default_rng(v.seed)
@@ -101,7 +101,7 @@ def run_mpe(raw: dict, p: TeachParams, seeds: list[int], episodes: int) -> dict:
             float(np.mean(random_returns)), "candidates": rows, "pick": pick}
 
 
-def run_doorkey(raw: dict, p: TeachParams, seeds: list[int], episodes: int, only: list[str] | None) -> dict:
+def run_doorkey(raw: dict, p: LLM4TeachParams, seeds: list[int], episodes: int, only: list[str] | None) -> dict:
     """One run per (candidate, tuning seed) at the largest budget, scored on the validation levels at every
     budget of ``DOORKEY_BUDGETS`` along the way; each (candidate, budget) is a row."""
     v = p.validation
@@ -154,12 +154,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("part", choices=sorted(CANDIDATES))
     ap.add_argument("--seeds", type=int, nargs="+", default=[100, 101], help="tuning seeds (not the final ones)")
-    ap.add_argument("--episodes", type=int, default=None, help="validation episodes (default teach.validation)")
+    ap.add_argument("--episodes", type=int, default=None, help="validation episodes (default llm4teach.validation)")
     ap.add_argument("--only", nargs="+", default=None, help="doorkey: run only these candidates (rows merge)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    raw = read_params(ROOT / "params.yaml")["teach"]
-    p = load_section({"teach": raw}, "teach", TeachParams)
+    raw = read_params(ROOT / "params.yaml")["llm4teach"]
+    p = load_section({"llm4teach": raw}, "llm4teach", LLM4TeachParams)
     if set(args.seeds) & set(p.train.seeds + p.mpe.seeds):
         raise SystemExit(f"--seeds {args.seeds}: tuning seeds must differ from the final training seeds")
     episodes = args.episodes or p.validation.episodes

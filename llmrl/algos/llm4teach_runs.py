@@ -1,7 +1,7 @@
-"""One LLM4Teach training run of each kind, from the typed ``teach`` params: a PPO student on a DoorKey-family
+"""One LLM4Teach training run of each kind, from the typed ``llm4teach`` params: a PPO student on a DoorKey-family
 task and MAPPO on MPE simple_spread, each with an optional teacher.
 
-Shared by the training stages and the validation selection (``scripts/teach_select.py``) so both train exactly
+Shared by the training stages and the validation selection (``scripts/llm4teach_select.py``) so both train exactly
 the same way. The learning curve is measured through a callback (``measure(agent, frames) -> dict``) the
 caller builds from the evaluation layer, so this module stays free of evaluation code.
 """
@@ -16,8 +16,8 @@ from torch import nn
 from llmrl.agents.student import GridStudent
 from llmrl.agents.teacher import TeacherPolicy
 from llmrl.algos.mappo import make_mappo_agent, train_mappo
-from llmrl.algos.ppo import make_vector_env, train
-from llmrl.config.teach import TeachMPEParams, TeachTrainParams
+from llmrl.algos.distilled_ppo import make_vector_env, train
+from llmrl.config.llm4teach import LLM4TeachMPEParams, LLM4TeachTrainParams
 from llmrl.envs import make_env
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.seeding import seed_everything
@@ -34,7 +34,7 @@ class TeachRun:
     curve: list[dict] = field(default_factory=list)
 
 
-def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: TeachTrainParams, seed: int, *,
+def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: LLM4TeachTrainParams, seed: int, *,
                        measure: Measure | None = None, on_iteration: Callable[[dict], None] | None = None,
                        progress: bool = True) -> TeachRun:
     """PPO (+ the annealed teacher term when ``teacher``) on ``env_id`` for ``t.ppo.total_frames`` frames.
@@ -71,7 +71,7 @@ def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: TeachTrain
     return TeachRun(agent, history, curve)
 
 
-def train_spread_student(teacher: TeacherPolicy | None, m: TeachMPEParams, seed: int, *,
+def train_spread_student(teacher: TeacherPolicy | None, m: LLM4TeachMPEParams, seed: int, *,
                          on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> TeachRun:
     """MAPPO (+ the per-agent teacher term when ``teacher``) on simple_spread for ``m.ppo.total_frames``."""
     seed_everything(seed)

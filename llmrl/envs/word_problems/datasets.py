@@ -3,7 +3,7 @@
 Sources: GSM8K (``openai/gsm8k`` on the hub, or local JSONL/JSON/parquet files with ``question`` and
 ``answer``), MATH (hendrycks-style records with ``problem`` and a ``solution`` whose last ``\\boxed{}`` is the
 answer; on the hub ``EleutherAI/hendrycks_math``), and the procedurally generated default
-(``llmrl.data.math_gen``). Every solution ends with "The answer is: X", GSM8K's ``#### X`` is rewritten to it
+(``llmrl.envs.word_problems.generator``). Every solution ends with "The answer is: X", GSM8K's ``#### X`` is rewritten to it
 (as LLM_RL's postprocessing did), and its ``<<48/2=24>>`` calculator annotations are kept.
 """
 
@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from llmrl.data.math_answers import ANSWER_PHRASE, last_boxed, normalize_answer
-from llmrl.io import atomic_path
+from llmrl.envs.word_problems.answers import ANSWER_PHRASE, last_boxed, normalize_answer
+from llmrl.files import atomic_path
 
 FIELDS = ("id", "problem", "solution", "answer")
 

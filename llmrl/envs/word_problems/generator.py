@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmrl.data.math_answers import ANSWER_PHRASE
+from llmrl.envs.word_problems.answers import ANSWER_PHRASE
 
 NAMES = [("Tom", "He", "he"), ("Anna", "She", "she"), ("Ben", "He", "he"), ("Lily", "She", "she"),
          ("Sam", "He", "he"), ("Mia", "She", "she"), ("Leo", "He", "he"), ("Zoe", "She", "she"),

@@ -1,15 +1,20 @@
-"""Stage teach_eval: students trained with the LLM teacher, the oracle teacher and none (pure PPO / MAPPO), the
+"""Stage llm4teach_eval: students trained with the LLM teacher, the oracle teacher and none (pure PPO / MAPPO), the
 teachers alone and a random policy, on the held-out test levels; seeds as the unit (``aggregate_seeds``).
 
-Writes one headline file per agent, metrics/teach/eval/<env>/<agent>.json (success and return with seed-level
+Writes one headline file per agent, metrics/llm4teach/eval/<env>/<agent>.json (success and return with seed-level
 intervals, greedy and sampled apart, AULC, ``beats_random``; MPE: return only), the result check
-metrics/teach/result/<env>.json (``met_oracle``, ``met_llm``), the full report with per-seed values, budgets and
-planner statistics metrics/teach/report.json and per-episode tables under metrics/teach/episodes/ (plain outs),
+metrics/llm4teach/result/<env>.json (``met_oracle``, ``met_llm``), the full report with per-seed values, budgets and
+planner statistics metrics/llm4teach/report.json and per-episode tables under metrics/llm4teach/episodes/ (plain outs),
 and a dvclive bar plot of greedy success (MPE: mean return).
 """
 
-from common import ROOT, log, open_live, stage_params  # isort: skip
-from teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, group_name, make_teacher, student_file, \
+from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+
+# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
+# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
+prepare_stage_process(torch_threads=1)
+
+from llm4teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, group_name, make_teacher, student_file, \
     train_record_file  # isort: skip
 
 import json
@@ -19,14 +24,14 @@ import numpy as np
 from llmrl.agents import RandomPolicy
 from llmrl.agents.student import StudentPolicy, load_student
 from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
-from llmrl.config.teach import TeachParams
+from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.envs import make_env
 from llmrl.envs.mpe import N_ACTIONS as MPE_ACTIONS
 from llmrl.eval import aggregate_seeds, evaluate
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.eval.teach_report import beats_random, result_check, return_headline
-from llmrl.io import atomic_path, write_json
+from llmrl.eval.llm4teach import beats_random, result_check, return_headline
+from llmrl.files import atomic_path, write_json
 
 
 def train_record(group: str, seed: int) -> dict:
@@ -37,7 +42,7 @@ def successes(results) -> list[list[float]]:
     return [[float(e.success) for e in r.episodes] for r in results]
 
 
-def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, episodes_dir, rows: list[dict]) -> dict:
+def eval_grid(p: LLM4TeachParams, key: str, seeds: range, eval_dir, result_dir, episodes_dir, rows: list[dict]) -> dict:
     """One environment: every agent's headline file; returns the detailed report for the environment."""
     eid = env_id(key)
     env = make_env(eid)
@@ -99,7 +104,7 @@ def eval_grid(p: TeachParams, key: str, seeds: range, eval_dir, result_dir, epis
     return report
 
 
-def eval_mpe(p: TeachParams, eval_dir, rows: list[dict]) -> dict:
+def eval_mpe(p: LLM4TeachParams, eval_dir, rows: list[dict]) -> dict:
     m, e = p.mpe, p.eval
     kw = dict(n_agents=m.n_agents, max_cycles=m.max_cycles, local_ratio=m.local_ratio)
     report: dict = {}
@@ -136,7 +141,7 @@ def eval_mpe(p: TeachParams, eval_dir, rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    p = stage_params("teach", TeachParams)
+    p = stage_params("llm4teach", LLM4TeachParams)
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     rows: list[dict] = []
     report: dict = {"protocol": {"test_levels": f"{seeds.start}-{seeds.stop - 1}", "episodes": p.eval.episodes,

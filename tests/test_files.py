@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmrl.io import atomic_path, save_torch, write_json
+from llmrl.files import atomic_path, save_torch, write_json
 
 
 def test_atomic_file_and_dir(tmp_path):

@@ -1,15 +1,20 @@
-"""Stage teach_plans: ask the LLM planner about every observation text of each task, once, into the reply cache.
+"""Stage llm4teach_plans: ask the LLM planner about every observation text of each task, once, into the reply cache.
 
 The text space of each task is small and enumerable (``observation_texts``: 6 for SimpleDoorKey, 8 for
 simple_spread), so the cache is filled here and every training and evaluation run replays it offline.
-Writes the reply cache (data/teach/replies); one record file per task, data/teach/plans/<task>.json (a plain
+Writes the reply cache (data/llm4teach/replies); one record file per task, data/llm4teach/plans/<task>.json (a plain
 out: prompts, raw replies, their types and invalid reasons, the plan distribution per text, reply counts,
-cache statistics, time); and the headline per task, metrics/teach/plans/<task>.json: invalid- and error-reply
+cache statistics, time); and the headline per task, metrics/llm4teach/plans/<task>.json: invalid- and error-reply
 rates, texts that fell back, and the mean probability the LLM gives to the oracle's plan.
 """
 
-from common import log, stage_params  # isort: skip
-from teach_common import METRICS, MPE_KEY, PLANS, REPLIES, make_planner, task_kind  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
+
+# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
+# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
+prepare_stage_process(torch_threads=1)
+
+from llm4teach_common import METRICS, MPE_KEY, PLANS, REPLIES, make_planner, task_kind  # isort: skip
 
 import time
 
@@ -18,13 +23,13 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrl.agents.teacher import observation_texts, oracle_plan, plan_texts
-from llmrl.config.teach import TeachParams
+from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.fingerprint import fingerprint_line
-from llmrl.io import atomic_path, write_json
+from llmrl.files import atomic_path, write_json
 
 
 def main() -> None:
-    p = stage_params("teach", TeachParams)
+    p = stage_params("llm4teach", LLM4TeachParams)
     torch.set_num_threads(p.teacher.threads)
     keys = list(p.train.envs) if "llm" in p.train.teachers else []
     keys += [MPE_KEY] if "llm" in p.mpe.teachers else []
