@@ -77,7 +77,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
     metrics = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
     returns = [r["train/return"] for r in history if "train/return" in r]
     return {"param_sha256": params.hexdigest()[:16], "metrics_sha256": metrics[:16],
-            "final_train_return": returns[-1] if returns else None, "final_loss": history[-1].get("loss/loss"),
+            "final_train_return": returns[-1] if returns else None, "final_loss": history[-1].get("loss"),
             "train_seconds": seconds, "aten_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 

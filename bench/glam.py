@@ -31,7 +31,7 @@ keep_caches_under(ROOT / ".cache")
 pin_cpu_kernels()  # the stages' float path (stages/common.py)
 
 import llmrl.agents.llm_policy as llm_policy  # noqa: E402
-from llmrl.llm.score import ScoreOutput, _tokenize_left_padded  # noqa: E402
+from llmrl.llm.score import ScoreOutput, tokenize_left_padded  # noqa: E402
 
 TARGET = 2.0
 ENV = "BabyAI-Text-GoToObjS4-v0"
@@ -45,7 +45,7 @@ def naive_score_tensors(llm, prompts, candidates, *, return_prompt_hidden=False)
     p_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     c_ids = [tok(c, add_special_tokens=False)["input_ids"] for cands in candidates for c in cands]
     rows = [p_ids[i // n_cand] + c for i, c in enumerate(c_ids)]
-    texts_ids, mask = _tokenize_left_padded(_IdsTokenizer(tok), rows, llm.device)
+    texts_ids, mask = tokenize_left_padded(_IdsTokenizer(tok), rows, llm.device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     out = llm.model(input_ids=texts_ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
     logp = F.log_softmax(out.logits.float(), dim=-1)

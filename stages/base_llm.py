@@ -1,15 +1,17 @@
 """Stage base_llm: materialise the base model spec into models/base_llm/ (safetensors + tokenizer)."""
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import BASE_LLM  # isort: skip
 
 import torch
 
 from llmrl.config import BaseLLMParams
 from llmrl.llm import load_model, save_model
 
-OUT = ROOT / "models" / "base_llm"
+OUT = BASE_LLM
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ from llmrl.config import ParamsError, load_section, read_params
 from llmrl.kernels import pin_cpu_kernels
 from llmrl.process import keep_caches_under
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import CACHE, ROOT  # isort: skip  (stages/ is on sys.path: this is stages/paths.py)
+
 
 log = logging.getLogger("llmrl.stage")
 
@@ -28,7 +29,7 @@ def prepare_stage_process(torch_threads: int | None = None) -> None:
     ATen's and oneDNN's kernels pinned to one float path (``llmrl.kernels``; before torch's first kernel
     dispatch), and, with ``torch_threads``, torch's intra-op threads. Spawned worker processes run the script's
     top again, so they get the same set-up."""
-    keep_caches_under(ROOT / ".cache")
+    keep_caches_under(CACHE)
     pin_cpu_kernels()
     if torch_threads is not None:
         import torch

@@ -1,8 +1,10 @@
 """Stage demos: BabyAI bot demonstrations, one HDF5 trajectory file per level under data/demos/."""
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import DEMOS  # isort: skip
 
 from llmrl.agents import BabyAIBotPolicy
 from llmrl.config import DemosParams
@@ -11,7 +13,7 @@ from llmrl.envs import make_env
 from llmrl.eval import evaluate
 from llmrl.files import write_json
 
-OUT = ROOT / "data" / "demos"
+OUT = DEMOS
 ACTION_NAMES = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle", "done"]
 
 

@@ -5,9 +5,11 @@ return with intervals, greedy and sampled apart), per-episode tables under metri
 out), and a dvclive bar plot of success per policy and level.
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import BASELINES  # isort: skip
 
 
 from llmrl.agents import BabyAIBotPolicy, RandomPolicy
@@ -25,9 +27,9 @@ def main() -> None:
     envs = stage_params("demos", DemosParams).envs  # evaluate on the levels the demonstrations cover
     seeds = range(p.seed, p.seed + p.episodes)
     rows = []
-    with open_live(ROOT / "plots" / "baselines" / "eval") as live, \
-            atomic_path(ROOT / "metrics" / "baselines" / "eval", is_dir=True) as eval_dir, \
-            atomic_path(ROOT / "metrics" / "baselines" / "episodes", is_dir=True) as episodes_dir:
+    with open_live(BASELINES.plots / "eval") as live, \
+            atomic_path(BASELINES.metrics / "eval", is_dir=True) as eval_dir, \
+            atomic_path(BASELINES.metrics / "episodes", is_dir=True) as episodes_dir:
         for env_id in envs:
             env = make_env(env_id)
             for name in p.policies:

@@ -6,9 +6,11 @@ wrapper, so their text observations and missions are the ones the policy is trai
 demos' seeds (``demos.seed``...) are disjoint from GLAM's evaluation seeds.
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import DEMOS, GLAM  # isort: skip
 
 import time
 
@@ -31,7 +33,7 @@ def main() -> None:
                          f"demos stage's data); it lists {demos.envs}")
     torch.set_num_threads(p.threads)
     start = time.perf_counter()
-    with TrajectoryReader(ROOT / "data" / "demos" / f"{p.train.env_id}.h5") as reader:
+    with TrajectoryReader(DEMOS / f"{p.train.env_id}.h5") as reader:
         if len(reader) < p.bc.episodes:
             raise SystemExit(f"glam.bc.episodes: {p.bc.episodes} asked, data/demos has {len(reader)} episodes")
         episodes = [reader[i] for i in range(p.bc.episodes)]
@@ -43,12 +45,12 @@ def main() -> None:
     samples = bc_samples(agent, episodes, env.get_wrapper_attr("labels"), env.get_wrapper_attr("action_texts"),
                          p.policy.history)
     losses = train_bc(agent, samples, epochs=p.bc.epochs, batch_size=p.bc.batch_size, lr=p.bc.lr, seed=p.bc.seed)
-    save_agent(agent, ROOT / "models" / "glam" / "bc", {"build": build, "history": p.policy.history,
+    save_agent(agent, GLAM.models / "bc", {"build": build, "history": p.policy.history,
                                                          "env_id": p.train.env_id})
     bot_success = sum(ep.success for ep in episodes) / len(episodes)
     log.info("bc: %d samples from %d bot episodes (bot success %.2f), loss %.3f -> %.3f", len(samples),
              len(episodes), bot_success, losses[0], losses[-1])
-    write_json(ROOT / "metrics" / "glam" / "bc.json",
+    write_json(GLAM.metrics / "bc.json",
                {"samples": len(samples), "episodes": len(episodes), "loss_first": round(losses[0], 4),
                 "loss": round(losses[-1], 4), "seconds": round(time.perf_counter() - start, 1)})
 

@@ -9,9 +9,11 @@ the training seeds of a glam_train variant are pooled as seeds), per-episode tab
 of each LLM agent and timings under metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import GLAM  # isort: skip
 
 import time
 
@@ -27,7 +29,7 @@ from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
 from llmrl.files import atomic_path, write_json
 
-OUT = ROOT / "metrics" / "glam"
+OUT = GLAM.metrics
 
 
 def agents(p: GlamParams):
@@ -37,7 +39,7 @@ def agents(p: GlamParams):
 
     def symbolic(seed: int):
         model = SymbolicActorCritic()
-        model.load_state_dict(torch.load(ROOT / "models" / "glam" / "symbolic" / str(seed) / "model.pt",
+        model.load_state_dict(torch.load(GLAM.models / "symbolic" / str(seed) / "model.pt",
                                          weights_only=True))
         return SymbolicPolicy(model, name=f"symbolic_ppo-{seed}")
 
@@ -51,7 +53,7 @@ def agents(p: GlamParams):
     yield "zero_shot", [zero_shot], p.eval.modes
 
     def trained(item: str, name: str):
-        agent, meta = load_agent(ROOT / "models" / "glam" / item)
+        agent, meta = load_agent(GLAM.models / item)
         return LLMBatchPolicy(agent, name, history=meta["history"], record_steps=20)
 
     yield "bc", [lambda: trained("bc", "bc")], p.eval.modes
@@ -65,7 +67,7 @@ def main() -> None:
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing = [], {}
-    with open_live(ROOT / "plots" / "glam" / "eval") as live, \
+    with open_live(GLAM.plots / "eval") as live, \
             atomic_path(OUT / "eval", is_dir=True) as eval_dir, atomic_path(OUT / "episodes", is_dir=True) as ep_dir:
         for name, factories, modes in agents(p):
             start = time.perf_counter()

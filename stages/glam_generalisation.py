@@ -7,9 +7,11 @@ test and agent in metrics/glam/generalisation/<test>/<agent>.json (training seed
 seeds); the first prompts of each test under metrics/glam/generalisation_prompts/ (a plain out).
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import GLAM  # isort: skip
 
 import torch
 
@@ -34,14 +36,14 @@ def main() -> None:
     agents = {f"glam_{v}": [f"{v}-{s}" for s in p.train.seeds] for v in p.train.variants}
     if g.include_bc:
         agents["bc"] = ["bc"]
-    out = ROOT / "metrics" / "glam"
-    with open_live(ROOT / "plots" / "glam" / "generalisation") as live, \
+    out = GLAM.metrics
+    with open_live(GLAM.plots / "generalisation") as live, \
             atomic_path(out / "generalisation", is_dir=True) as gen_dir, \
             atomic_path(out / "generalisation_prompts", is_dir=True) as prompt_dir:
         for name, items in agents.items():
             results: dict = {test: [] for test in g.tests}
             for item in items:
-                agent, meta = load_agent(ROOT / "models" / "glam" / item)
+                agent, meta = load_agent(GLAM.models / item)
                 for test in g.tests:
                     policy = LLMBatchPolicy(agent, name, history=meta["history"], record_steps=3)
                     results[test].append(evaluate_batched(policy, lambda test=test: make_env(g.env_id, variant=test),

@@ -1,8 +1,10 @@
 """Stage glam_symbolic: the Symbolic-PPO baseline (the project's PPO, MLP on the grid + mission words)."""
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import GLAM  # isort: skip
 
 import json
 import time
@@ -16,7 +18,7 @@ from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
 from llmrl.files import atomic_path, save_torch, write_json
 
-OUT = ROOT / "models" / "glam" / "symbolic"
+OUT = GLAM.models / "symbolic"
 
 
 def main() -> None:
@@ -41,11 +43,11 @@ def main() -> None:
         (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
                                                          "cfg": cfg.model_dump()}, indent=2))
     mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
-    write_json(ROOT / "metrics" / "glam" / "symbolic.json",
+    write_json(GLAM.metrics / "symbolic.json",
                {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),
                 "success_rate": mean("train/success"), "return_mean": mean("train/return"),
-                "policy_loss": mean("loss/policy_loss"), "value_loss": mean("loss/value_loss"),
-                "entropy": mean("loss/entropy"), "seconds": round(time.perf_counter() - start, 1)})
+                "policy_loss": mean("policy_loss"), "value_loss": mean("value_loss"),
+                "entropy": mean("entropy"), "seconds": round(time.perf_counter() - start, 1)})
 
 if __name__ == "__main__":
     main()

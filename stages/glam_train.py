@@ -11,6 +11,8 @@ from common import ROOT, log, open_live, prepare_stage_process, stage_params  # 
 
 prepare_stage_process()
 
+from paths import GLAM, RESUME  # isort: skip
+
 import sys
 import time
 
@@ -42,24 +44,24 @@ def main() -> None:
                              "env_id": t.env_id},
                             inputs={"base_model": model_dir} if model_dir.is_dir() else {},
                             code=project_sources(ROOT))
-    checkpoint = ROOT / ".cache" / "resume" / "glam_train" / item / "checkpoint.pt"
+    checkpoint = RESUME / "glam_train" / item / "checkpoint.pt"
     start = time.perf_counter()
     history = train(agent, lambda: make_env(t.env_id), t.ppo(), history=p.policy.history, seed=seed,
                     checkpoint=checkpoint, identity=identity,
                     on_update=lambda r: log.info("update %d: success %.3f entropy %.3f loss %.4f fps %.2f",
                                                  r["update"], r["success_rate"], r["entropy"], r["loss"],
                                                  r["fps"]))
-    save_agent(agent, ROOT / "models" / "glam" / item,
+    save_agent(agent, GLAM.models / item,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
     # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.
-    with open_live(ROOT / "plots" / "glam" / "train" / item) as live:
+    with open_live(GLAM.plots / "train" / item) as live:
         for row in history:
             live.step = row["update"]
             for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):
                 live.log_metric(k, row[k])
     # Headline figures of the last update in the shared vocabulary; the per-update curves are the dvclive plots.
     last = history[-1]
-    write_json(ROOT / "metrics" / "glam" / "train" / f"{item}.json",
+    write_json(GLAM.metrics / "train" / f"{item}.json",
                {**{k: round(float(last[k]), 4) for k in ("success_rate", "return_mean", "policy_loss", "value_loss",
                                                          "entropy", "approx_kl")},
                 "env_steps": int(last["frames"]), "seconds": round(time.perf_counter() - start, 1)})

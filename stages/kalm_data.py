@@ -6,9 +6,11 @@ metrics/kalm/data.json (episodes, steps, expert success, agreement of the observ
 own success on the training data and on a few expert episodes per test task, time).
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import KALM  # isort: skip
 
 import time
 
@@ -26,7 +28,7 @@ from llmrl.llm.embed import build_table
 from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything
 
-OUT = ROOT / "data" / "kalm" / "real"
+OUT = KALM.data / "real"
 
 
 def main() -> None:
@@ -75,7 +77,7 @@ def main() -> None:
         metrics["embeddings"] = {"instructions": len(table), "dim": table.dim,
                                  "seconds": round(time.perf_counter() - start, 1)}
         log.info("embedded %d instructions (dim %d)", len(table), table.dim)
-    write_json(ROOT / "metrics" / "kalm" / "data.json", metrics)
+    write_json(KALM.metrics / "data.json", metrics)
 
 
 if __name__ == "__main__":

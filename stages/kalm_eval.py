@@ -5,14 +5,16 @@ a uniform random policy, and — when KALM-B's llmrl/agents/grounded_policy.py a
 grounded LLM acting through its action head. Greedy evaluation. The two benchmarks run in parallel processes
 (kalm.eval.workers). Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
 
-Writes metrics/kalm.json (headline: each row's success averaged over the three levels — a few numbers per agent),
+Writes metrics/kalm/headline.json (headline: each row's success averaged over the three levels — a few numbers per agent),
 metrics/kalm/eval/table.json (per row and level: success, seed-level interval, per-seed values, episodes; plain
 out), metrics/kalm/eval/episodes.json (per-episode outcomes; plain out) and a dvclive bar plot.
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import KALM  # isort: skip
 
 import importlib.util
 import logging
@@ -27,8 +29,8 @@ from llmrl.eval.kalm import evaluate_benchmark
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 
-GROUNDED_MODEL = ROOT / "models" / "kalm" / "grounded"
-MODELS = ROOT / "models" / "kalm" / "offline"
+GROUNDED_MODEL = KALM.models / "grounded"
+MODELS = KALM.models / "offline"
 
 
 def grounded_agent():
@@ -53,7 +55,7 @@ def run_benchmark(benchmark: str) -> dict:
         log.warning("%s: no grounded LLM policy (llmrl/agents/grounded_policy.py or %s missing): row left out",
                     benchmark, GROUNDED_MODEL)
     return evaluate_benchmark(
-        benchmark, offline_runs=runs, table=EmbeddingTable.load(ROOT / "data" / "kalm" / "real" / "embeddings.npz"),
+        benchmark, offline_runs=runs, table=EmbeddingTable.load(KALM.data / "real" / "embeddings.npz"),
         levels=p.levels, settings=EnvSettings.for_benchmark(env_p, benchmark),
         episodes=p.metaworld_episodes if benchmark == "metaworld" else p.babyai_episodes, first_seed=p.seed,
         random_seeds=p.random_seeds, confidence=p.confidence, grounded=agent, grounded_episodes=p.grounded_episodes,
@@ -72,13 +74,13 @@ def main() -> None:
               "metaworld_episodes_per_level_seed": p.metaworld_episodes, "seconds": round(seconds, 1),
               "seconds_per_benchmark": {b: r["seconds"] for b, r in results.items()}}
     rows = [row for r in results.values() for row in r["rows"]]
-    with atomic_path(ROOT / "metrics" / "kalm" / "eval", is_dir=True) as out:
+    with atomic_path(KALM.metrics / "eval", is_dir=True) as out:
         write_json(out / "table.json", {"rows": rows, "budget": budget, "levels": p.levels,
                                         "grounded_llm": any("grounded-llm" in r["headline"] for r in results.values())})
         write_json(out / "episodes.json", [e for r in results.values() for e in r["episodes"]])
-    write_json(ROOT / "metrics" / "kalm.json", {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
+    write_json(KALM.metrics / "headline.json", {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
                                                 "eval_seconds": round(seconds, 1), "env": fingerprint_line()})
-    with open_live(ROOT / "plots" / "kalm" / "eval") as live:
+    with open_live(KALM.plots / "eval") as live:
         live.log_plot("success_by_policy", [{"policy": f"{r['benchmark']} {r['level']}: {r['row']}",
                                              "success_rate": r["value"]} for r in rows],
                       x="success_rate", y="policy", template="bar_horizontal",

@@ -6,9 +6,11 @@ success of the open-loop replay, per-step state error, time) and data/kalm/imagi
 (per-rollout table and a few rollouts as text).
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import KALM  # isort: skip
 
 import sys
 import time
@@ -36,7 +38,7 @@ def main() -> None:
     seed_everything(p.seed)
     settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
     start = time.perf_counter()
-    model = GroundedLM.load(ROOT / "models" / "kalm" / "grounded" / benchmark)
+    model = GroundedLM.load(KALM.models / "grounded" / benchmark)
     load_seconds = time.perf_counter() - start
     t0 = time.perf_counter()
     episodes = imagine_level(model, goals, p, settings)
@@ -47,9 +49,9 @@ def main() -> None:
     summary, rows = rollout_quality(episodes, None, settings, goals=ep_goals)
     replay_seconds = time.perf_counter() - t0
     name = f"{benchmark}_{level}"
-    with TrajectoryWriter(ROOT / "data" / "kalm" / "imagine" / f"{name}.h5") as writer:
+    with TrajectoryWriter(KALM.data / "imagine" / f"{name}.h5") as writer:
         writer.extend(episodes)
-    write_json(ROOT / "data" / "kalm" / "imagine_report" / f"{name}.json", {
+    write_json(KALM.data / "imagine_report" / f"{name}.json", {
         "params": p.model_dump(), "horizon": horizon(p, benchmark), "summary": summary, "rollouts": rows,
         "examples": [{"prompt": trajectory_prompt(e.mission) + " # <s0>", **episode_text(e)}
                      for e in episodes[:p.examples]]})
@@ -57,7 +59,7 @@ def main() -> None:
                "transitions_per_s": round(steps / imagine_seconds, 1), "imagine_seconds": round(imagine_seconds, 1),
                "replay_seconds": round(replay_seconds, 1), "load_seconds": round(load_seconds, 1),
                "env": fingerprint_line()}
-    write_json(ROOT / "metrics" / "kalm" / f"imagine_{name}.json", metrics)
+    write_json(KALM.metrics / f"imagine_{name}.json", metrics)
     log.info("%s: %s", name, metrics)
 
 

@@ -9,9 +9,11 @@ time) and a dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; t
 together.
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import KALM  # isort: skip
 
 import functools
 import sys
@@ -27,7 +29,7 @@ from llmrl.data.embeddings import EmbeddingTable
 from llmrl.files import write_json
 from llmrl.parallel import run_seeds_into
 
-DATA = ROOT / "data" / "kalm"
+DATA = KALM.data
 
 
 def imagined_paths(benchmark: str, levels) -> list:
@@ -86,7 +88,7 @@ def main() -> None:
     if data not in p.data:
         sys.exit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
     group = f"{name}-{data}"
-    folders = {"models": ROOT / "models" / "kalm" / "offline" / group, "plots": ROOT / "plots" / "kalm" / "offline" / group}
+    folders = {"models": KALM.models / "offline" / group, "plots": KALM.plots / "offline" / group}
     run_seeds_into(folders, functools.partial(run_seed, name, data), p.seeds, p.workers)
 
 

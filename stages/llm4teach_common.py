@@ -7,7 +7,8 @@ and evaluation open it offline, so they never load a model, and a missing reply 
 
 from __future__ import annotations
 
-from common import ROOT, model_spec  # isort: skip
+from common import model_spec  # isort: skip
+from paths import LLM4TEACH  # isort: skip
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,11 +32,9 @@ from llmrl.parallel import run_seeds_into
 from llmrl.llm.backends import CachedBackend, LazyBackend, ReplyCache, SharedPromptBackend
 from llmrl.llm.generate import SamplingConfig
 
-REPLIES = ROOT / "data" / "llm4teach" / "replies"
-PLANS = ROOT / "data" / "llm4teach" / "plans"
-MODELS = ROOT / "models" / "llm4teach"
-METRICS = ROOT / "metrics" / "llm4teach"
-PLOTS = ROOT / "plots" / "llm4teach"
+REPLIES = LLM4TEACH.data / "replies"
+PLANS = LLM4TEACH.data / "plans"
+MODELS, METRICS, PLOTS = LLM4TEACH.models, LLM4TEACH.metrics, LLM4TEACH.plots
 MPE_KEY = "simple_spread"
 
 

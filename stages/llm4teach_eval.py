@@ -8,7 +8,7 @@ planner statistics metrics/llm4teach/report.json and per-episode tables under me
 and a dvclive bar plot of greedy success (MPE: mean return).
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
 
 # One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
 # busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).

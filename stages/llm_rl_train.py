@@ -9,6 +9,8 @@ from common import ROOT, log, model_spec, open_live, prepare_stage_process, stag
 
 prepare_stage_process()
 
+from paths import LLM_RL, RESUME  # isort: skip
+
 import json
 import shutil
 import sys
@@ -37,7 +39,7 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, chec
     for stats, episodes in algo.train(checkpoint=checkpoint, identity=identity):
         history.append(stats)
         rollouts += [{"iteration": stats["iteration"], **ep.as_record()} for ep in episodes]
-        for k in ("average_reward", "answer_rate", "loss", "pg_loss", "divergence", "grad_norm", "lr", "mean_lines"):
+        for k in ("average_reward", "answer_rate", "loss", "policy_loss", "divergence", "grad_norm", "lr", "mean_lines"):
             live.log_metric(f"train/{k}", stats[k])
         live.next_step()
         log.info("iteration %d: reward %.3f, answered %.2f, loss %.4f, KL %.4f (collect %.0fs, update %.0fs)",
@@ -78,7 +80,7 @@ def main() -> None:
     c = p.common
     seed_everything(c.seed)
     torch.set_num_threads(c.threads)
-    train = read_jsonl(ROOT / "data" / "llm_rl" / "train.jsonl")
+    train = read_jsonl(LLM_RL.data / "train.jsonl")
     if len(train) <= c.few_shot:
         raise SystemExit(f"llm_rl.train.common.few_shot={c.few_shot} leaves no train problems")
     shots, problems = train[: c.few_shot], train[c.few_shot:]
@@ -87,18 +89,18 @@ def main() -> None:
     # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
     llm = load_model(spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
-    out = ROOT / "models" / "llm_rl" / variant
+    out = LLM_RL.models / variant
     # Resume point (reinforce_kl): scratch, not a DVC out; resumed only by the same run (params, base model and
     # data contents, the source of every project module loaded), removed once the outputs are written.
-    checkpoint = ROOT / ".cache" / "resume" / "llm_rl_train" / variant / "checkpoint.pt"
+    checkpoint = RESUME / "llm_rl_train" / variant / "checkpoint.pt"
     if variant == "reinforce_kl":
         import llmrl.algos.reinforce_kl  # noqa: F401  (loaded before project_sources: its code is in the identity)
     identity = run_identity({"variant": variant, "params": p.model_dump(mode="json")},
-                            inputs={"base_model": spec, "train": ROOT / "data" / "llm_rl" / "train.jsonl"}
-                            if Path(spec).is_dir() else {"train": ROOT / "data" / "llm_rl" / "train.jsonl"},
+                            inputs={"base_model": spec, "train": LLM_RL.data / "train.jsonl"}
+                            if Path(spec).is_dir() else {"train": LLM_RL.data / "train.jsonl"},
                             code=project_sources(ROOT))
     t0 = time.perf_counter()
-    with open_live(ROOT / "plots" / "llm_rl" / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:
+    with open_live(LLM_RL.plots / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:
         if variant == "reinforce_kl":
             llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live, checkpoint, identity)
         else:
@@ -113,7 +115,7 @@ def main() -> None:
     tokens = [r["tokens"] for r in rollouts if r.get("tokens") is not None]
     # Headline figures; the per-iteration history is the dvclive plot and the adapter folder's rollouts. The
     # budget fields let a reader check the two variants were compared on equal terms.
-    write_json(ROOT / "metrics" / "llm_rl" / f"train_{variant}.json", {
+    write_json(LLM_RL.metrics / f"train_{variant}.json", {
         "samples": len(rollouts), "optimizer_steps": steps, "answer_tokens": c.answer_tokens,
         "tokens": round(float(np.mean(tokens)), 1) if tokens else None,  # generated per sample
         "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4), "seconds": round(seconds, 1)})

@@ -5,9 +5,11 @@ and props.baselines. Writes data/props/baselines/<task>.json (per method and see
 evaluation returns) and dvclive curves of best return vs episodes under plots/props/baselines/<task>/.
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import PROPS  # isort: skip
 
 from props_common import log_curves  # isort: skip
 
@@ -34,7 +36,7 @@ def main() -> None:
     budget = search.iterations * search.episodes_per_eval
     # PPO's 64x64 MLP gains nothing from several threads; on a shared CPU they only add synchronisation waits.
     torch.set_num_threads(1)
-    with atomic_path(ROOT / "data" / "props" / "baselines", is_dir=True) as out:
+    with atomic_path(PROPS.data / "baselines", is_dir=True) as out:
         for key in search.tasks:
             task = get_task(key)
             cap = search.max_episode_steps.get(task.key)
@@ -68,7 +70,7 @@ def main() -> None:
                          mine[0]["rows"][-1]["episodes"], time.perf_counter() - start)
             ev.close()
             write_json(out / f"{task.key}.json", {"task": task.key, "budget_episodes": budget, "runs": runs})
-            log_curves(ROOT / "plots" / "props" / "baselines" / task.key, runs)
+            log_curves(PROPS.plots / "baselines" / task.key, runs)
 
 
 if __name__ == "__main__":

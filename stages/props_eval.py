@@ -9,9 +9,11 @@ method (dvclive, plots/props/curves/<task>/<method>/) and an MP4 of the best LLM
 evaluation episode per task (plots/props/videos/<task>.mp4; rgb_array frames → imageio-ffmpeg).
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import PROPS  # isort: skip
 
 from props_common import log_curves  # isort: skip
 
@@ -27,7 +29,7 @@ from llmrl.eval.props import headline
 from llmrl.fingerprint import environment_fingerprint, fingerprint_line
 from llmrl.files import atomic_path, write_json
 
-DATA = ROOT / "data" / "props"
+DATA = PROPS.data
 
 
 def compact(h: dict) -> dict:
@@ -49,8 +51,8 @@ def main() -> None:
     report: dict = {"env": fingerprint_line(), "statistic": ev.statistic, "confidence": ev.confidence,
                     "held_out_episodes": search.eval_episodes, "tasks": {}}
     transfer = json.loads((DATA / "transfer" / "runs.json").read_text())
-    with atomic_path(ROOT / "metrics" / "props" / "eval", is_dir=True) as mdir, \
-            atomic_path(ROOT / "plots" / "props" / "videos", is_dir=True) as vdir:
+    with atomic_path(PROPS.metrics / "eval", is_dir=True) as mdir, \
+            atomic_path(PROPS.plots / "videos", is_dir=True) as vdir:
         for key in search.tasks:
             runs = json.loads((DATA / "search" / key / "runs.json").read_text())["runs"]
             runs += json.loads((DATA / "baselines" / f"{key}.json").read_text())["runs"]
@@ -60,7 +62,7 @@ def main() -> None:
             report["tasks"][key] = table
             for m, h in table.items():
                 write_json(mdir / key / f"{m}.json", compact(h))
-            log_curves(ROOT / "plots" / "props" / "curves" / key, runs)
+            log_curves(PROPS.plots / "curves" / key, runs)
             for m, h in table.items():
                 log.info("%s %-14s held-out %.2f [%.2f, %.2f], best in search %.2f, %d episodes%s", key, m,
                          h["final"]["value"], h["final"]["ci_low"], h["final"]["ci_high"], h["best_search_return"],
@@ -83,8 +85,8 @@ def main() -> None:
         for k, v in tr_table.items():
             for o, h in v.items():
                 write_json(mdir / "transfer" / k / f"{o}.json", compact(h))
-    write_json(ROOT / "plots" / "props" / "report.json", report)
-    write_json(ROOT / "plots" / "props" / "environment.json", environment_fingerprint())
+    write_json(PROPS.plots / "report.json", report)
+    write_json(PROPS.plots / "environment.json", environment_fingerprint())
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ completion with its four rewards; the rendered first prompt), ``metrics/props/gr
 ``plots/props/grpo``.
 """
 
-from common import ROOT, log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
+from common import log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import PROPS  # isort: skip
 
 import json
 import tempfile
@@ -28,10 +30,10 @@ from llmrl.files import write_json, write_text
 from llmrl.llm import load_model
 from llmrl.seeding import seed_everything
 
-ADAPTER = ROOT / "models" / "props" / "grpo"
-DATA = ROOT / "data" / "props" / "grpo"
-METRICS = ROOT / "metrics" / "props" / "grpo.json"
-PLOTS = ROOT / "plots" / "props" / "grpo"
+ADAPTER = PROPS.models / "grpo"
+DATA = PROPS.data / "grpo"
+METRICS = PROPS.metrics / "grpo.json"
+PLOTS = PROPS.plots / "grpo"
 
 
 def jsonl(rows) -> str:

@@ -7,9 +7,11 @@ plots/props/search/<task>/. Replies are cached by content in data/props/replies/
 DVC out), so the stage re-runs offline (props.llm.offline: true) with identical results.
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import PROPS  # isort: skip
 
 import json
 import sys
@@ -37,7 +39,7 @@ def main(task_key: str) -> None:
     torch.set_num_threads(llm_p.threads)
     # The spec stays as written in params (relative to the repository root, where DVC runs the stage), so the
     # reply-cache keys are the same in every clone.
-    optimizer = build_optimizer_llm(llm_p, cache_dir=ROOT / "data" / "props" / "replies" / f"search-{task.key}")
+    optimizer = build_optimizer_llm(llm_p, cache_dir=PROPS.data / "replies" / f"search-{task.key}")
     states = []
     rows = []
     start = time.perf_counter()
@@ -62,7 +64,7 @@ def main(task_key: str) -> None:
                  task.key, st.method, st.seed, st.best_return, float(np.mean(final)), st.parse_failures,
                  st.llm_calls, st.fallbacks)
     ev.close()
-    out = ROOT / "data" / "props" / "search" / task.key
+    out = PROPS.data / "search" / task.key
     with atomic_path(out, is_dir=True) as tmp:
         write_json(tmp / "runs.json", {"task": task.key, "model": optimizer.label, "wall_seconds": wall,
                                        "iterations": search.iterations, "runs": runs})
@@ -70,7 +72,7 @@ def main(task_key: str) -> None:
             for st in states:
                 for rec in st.records:
                     fh.write(json.dumps(rec) + "\n")
-    log_curves(ROOT / "plots" / "props" / "search" / task.key, runs)
+    log_curves(PROPS.plots / "search" / task.key, runs)
     log.info("props_search %s: %d searches x %d iterations in %.1f s", task.key, len(states), search.iterations, wall)
 
 

@@ -7,9 +7,11 @@ counters, held-out returns). Without the adapter (props_grpo not run yet) it run
 props.transfer.require_adapter is false, and records ``"tuned": "missing"``.
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
+from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
+
+from paths import PROPS, ROOT  # isort: skip
 
 import gc
 import time
@@ -23,7 +25,7 @@ from llmrl.envs.control import get_task
 from llmrl.files import write_json
 from llmrl.seeding import seed_everything
 
-ADAPTER = ROOT / "models" / "props" / "grpo"
+ADAPTER = PROPS.models / "grpo"
 
 
 def main() -> None:
@@ -35,13 +37,14 @@ def main() -> None:
     have_adapter = (ADAPTER / "adapter_config.json").is_file()
     if not have_adapter and tr.require_adapter:
         raise SystemExit(f"props_transfer: no adapter at {ADAPTER} (run props_grpo) and require_adapter is true")
-    optimizers = {"base": None} | ({"tuned": "models/props/grpo"} if have_adapter else {})
-    results: dict = {"adapter": "models/props/grpo" if have_adapter else "missing", "iterations": tr.iterations,
+    adapter_name = ADAPTER.relative_to(ROOT).as_posix()  # as the metrics name it: models/props/grpo
+    optimizers = {"base": None} | ({"tuned": adapter_name} if have_adapter else {})
+    results: dict = {"adapter": adapter_name if have_adapter else "missing", "iterations": tr.iterations,
                      "method": tr.method, "runs": []}
     eval_seeds = held_out_seeds(search)
     for name, adapter in optimizers.items():
         seed_everything(0)
-        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=ROOT / "data" / "props" / "replies" / f"transfer-{name}")
+        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=PROPS.data / "replies" / f"transfer-{name}")
         for key in tr.tasks:
             task = get_task(key)
             states, rows = [], []
@@ -62,7 +65,7 @@ def main() -> None:
                      sum(s.llm_calls for s in states))
         del opt
         gc.collect()
-    write_json(ROOT / "data" / "props" / "transfer" / "runs.json", results)
+    write_json(PROPS.data / "transfer" / "runs.json", results)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
+from paths import REPORTS  # isort: skip
+
 import time
 
 from llmrl.config.props import PropsSearchParams
@@ -24,9 +26,9 @@ def main() -> None:
     videos = stage_params("props.search", PropsSearchParams).video
     start = time.perf_counter()
     report = collect_report(ROOT, params.methods, props_videos=videos)
-    with atomic_path(ROOT / "reports", is_dir=True) as out:
+    with atomic_path(REPORTS, is_dir=True) as out:
         write_report(report, out)
-    log.info("reports/index.html and summary.md: %d sections, %d not run (%.1fs)", len(report.sections),
+    log.info("%s/index.html and summary.md: %d sections, %d not run (%.1fs)", REPORTS.name, len(report.sections),
              sum(not s.ran for s in report.sections), time.perf_counter() - start)
 
 

@@ -7,7 +7,7 @@ import torch
 from llmrl.agents import RandomPolicy
 from llmrl.agents.llm_policy import LLMBatchPolicy, LLMPolicy, build_agent, build_prompt, candidates_for, render
 from llmrl.algos.bc_llm import train_bc
-from llmrl.algos.ppo_llm import collect, flatten, ppo_update, train
+from llmrl.algos.ppo_llm import advantage_batch, collect, ppo_update, train
 from llmrl.config.glam import GlamPPO
 from llmrl.envs import make_env
 from llmrl.envs.babyai_text.languages import ACTIONS_EN, VARIANTS
@@ -50,7 +50,7 @@ def _batch(agent, cfg):
     from llmrl.algos.ppo_llm import EnvSlot
 
     slots = [EnvSlot(slots_env(), seed=i, history=HISTORY) for i in range(cfg.n_envs)]
-    return flatten(collect(agent, slots, cfg, torch.Generator().manual_seed(0)), cfg)
+    return advantage_batch(collect(agent, slots, cfg, torch.Generator().manual_seed(0)), cfg)
 
 
 @pytest.mark.parametrize("variant", ["lora", "full", "npae"])

@@ -59,12 +59,12 @@ def test_each_pattern_loss_reaches_its_projection_and_head(discrete):
             model.zero_grad(set_to_none=True)
             losses = model.losses(batch)
             losses[name].backward()
-            head = model.obs_head if name == "obs_loss" else model.act_head if name == "act_loss" else None
+            head = model.io.obs_head if name == "obs_loss" else model.io.act_head if name == "act_loss" else None
             if head is not None:
                 assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0, (pattern, name)
-            assert model.state_proj.weight.grad.abs().sum() > 0, (pattern, name)  # every pattern reads states
+            assert model.io.state_proj.weight.grad.abs().sum() > 0, (pattern, name)  # every pattern reads states
             if pattern != "goal":  # the goal pattern holds no action
-                assert model.action_proj.weight.grad.abs().sum() > 0, (pattern, name)
+                assert model.io.action_proj.weight.grad.abs().sum() > 0, (pattern, name)
             assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in lora), (pattern, name)
 
 

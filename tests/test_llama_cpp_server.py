@@ -15,7 +15,7 @@ import pytest
 
 from llmrl.agents.teacher import LLMPlanner, observation_texts
 from llmrl.llm import SamplingConfig, openai_backend
-from llmrl.llm.load import _embedded_gguf, load_tokenizer
+from llmrl.llm.load import embedded_gguf, load_tokenizer
 
 PYTHON = os.environ.get("LLAMA_CPP_PYTHON")
 pytestmark = pytest.mark.skipif(not PYTHON, reason="LLAMA_CPP_PYTHON (an interpreter with llama-cpp-python) unset")
@@ -26,7 +26,7 @@ def llama_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    gguf = _embedded_gguf("smollm2-135m-instruct")
+    gguf = embedded_gguf("smollm2-135m-instruct")
     proc = subprocess.Popen([PYTHON, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
                              "--port", str(port), "--n_threads", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -141,3 +141,13 @@ def test_embedded_model(embedded_llm):
     fast = score(embedded_llm, prompts, ACTIONS, batch_size=2)
     naive = score_naive(embedded_llm, prompts, ACTIONS)
     assert _max_diff(fast, naive) <= 1e-4
+
+
+def test_eos_token_ids_take_the_tokenizers_and_a_list_from_the_generation_config():
+    from llmrl.llm.generate import eos_token_ids
+
+    llm = load_model("tiny")
+    llm.model.generation_config.eos_token_id = [5, 7]  # a list, as Llama 3's end-of-turn ids
+    assert eos_token_ids(llm) == sorted({llm.tokenizer.eos_token_id, 5, 7})
+    llm.model.generation_config.eos_token_id = None
+    assert eos_token_ids(llm) == [llm.tokenizer.eos_token_id]

@@ -371,7 +371,7 @@ def test_ppo_with_oracle_teacher_lowers_distillation_loss():
     teacher = TeacherPolicy("doorkey", OraclePlanner("doorkey"), 7)
     hist = train(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(), progress=False)
     assert len(hist) == 8 and hist[0]["distill_coef"] == 10.0 and hist[-1]["distill_coef"] == pytest.approx(9.965)
-    assert np.mean([h["loss/distill_loss"] for h in hist[-2:]]) < 0.8 * hist[0]["loss/distill_loss"]
+    assert np.mean([h["distill_loss"] for h in hist[-2:]]) < 0.8 * hist[0]["distill_loss"]
     assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
 
 
@@ -379,7 +379,7 @@ def test_pure_ppo_has_no_teacher_term():
     cfg = PPOParams(total_frames=2 * 128, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
     envs = make_vector_env(lambda: make_env(SIMPLE), cfg.num_envs)
     hist = train(envs, GridStudent(10, 10, 7), cfg, seed=1, progress=False)
-    assert all(h["distill_coef"] == 0.0 and h["loss/distill_loss"] == 0.0 for h in hist)
+    assert all(h["distill_coef"] == 0.0 and h["distill_loss"] == 0.0 for h in hist)
 
 
 def test_mappo_with_teacher_trains_shared_actor():
@@ -392,7 +392,7 @@ def test_mappo_with_teacher_trains_shared_actor():
     hist = train_mappo(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(),
                        progress=False)
     assert len(hist) == 6 and all("train/return" in h for h in hist)
-    assert hist[-1]["loss/distill_loss"] < hist[0]["loss/distill_loss"]
+    assert hist[-1]["distill_loss"] < hist[0]["distill_loss"]
     assert all(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
 
 

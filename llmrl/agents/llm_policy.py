@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from llmrl.files import save_torch
+from llmrl.llm.heads import mlp_head
 from llmrl.llm.load import LLM
-from llmrl.llm.score import score_tensors
+from llmrl.llm.score import score_tensors, tokenize_left_padded
 
 SYSTEM = "You are an agent in a grid world. Reply with the next action."
 
@@ -71,12 +72,6 @@ class History:
         return build_prompt(labels, actions, goal, list(self.obs), past)
 
 
-def mlp_head(hidden: int, out: int, width: int = 1024) -> nn.Sequential:
-    """The original's heads: hidden -> 1024 -> Sigmoid -> 1024 -> Sigmoid -> out."""
-    return nn.Sequential(nn.Linear(hidden, width), nn.Sigmoid(), nn.Linear(width, width), nn.Sigmoid(),
-                         nn.Linear(width, out))
-
-
 @dataclass
 class ActorOutput:
     logits: torch.Tensor  # [B, A] (log-probs / T for the scoring head)
@@ -102,17 +97,10 @@ class LLMActorCritic(nn.Module):
             self.action_head = mlp_head(hidden, n_actions).to(llm.device) if head == "npae" else None
 
     def _prompt_hidden(self, rendered: list[str]) -> torch.Tensor:
-        tok = self.llm.tokenizer
-        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in rendered]
-        width = max(len(x) for x in ids)
-        input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for i, x in enumerate(ids):  # left padding: the last position is every prompt's last token
-            input_ids[i, width - len(x):] = torch.tensor(x)
-            mask[i, width - len(x):] = 1
+        # left padding: the last position is every prompt's last token
+        input_ids, mask = tokenize_left_padded(self.llm.tokenizer, rendered, self.llm.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids.to(self.llm.device), attention_mask=mask.to(self.llm.device),
-                         position_ids=pos.to(self.llm.device), output_hidden_states=True)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
         return out.hidden_states[-1][:, -1]
 
     def forward(self, rendered: list[str], candidates: list[list[str]]) -> ActorOutput:

@@ -26,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.algos.gae import gae
+from llmrl.algos.ppo_loss import clipped_ppo_losses
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.make import episode_successes
 
@@ -43,14 +44,8 @@ def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOParams, dist
     adv = mb["advantages"]
     if cfg.norm_adv and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    ratio = (logp - mb["logprobs"]).exp()
-    policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
-
-    if cfg.clip_value:
-        v_clipped = mb["values"] + (value - mb["values"]).clamp(-cfg.clip_eps, cfg.clip_eps)
-        value_loss = torch.max((value - mb["returns"]).pow(2), (v_clipped - mb["returns"]).pow(2)).mean()
-    else:
-        value_loss = (value - mb["returns"]).pow(2).mean()
+    ratio, policy_loss, value_loss = clipped_ppo_losses(logp, mb["logprobs"], adv, value, mb["values"], mb["returns"],
+                                                        cfg.clip_eps, cfg.clip_value)
 
     # Cross-entropy to the teacher: H(π_T, π_θ) = −Σ_a π_T(a|s) log π_θ(a|s).
     distill_loss = -(mb["teacher"] * logp_all).sum(-1).mean() if "teacher" in mb else logits.new_zeros(())
@@ -80,7 +75,7 @@ def ppo_update(agent: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[s
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.detach()
             n_mb += 1
-    return {f"loss/{k}": float(v) / n_mb for k, v in sums.items()}
+    return {k: float(v) / n_mb for k, v in sums.items()}
 
 
 def sample_categorical(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

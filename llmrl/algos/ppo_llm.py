@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.llm_policy import History, LLMActorCritic, candidates_for, infer, render
 from llmrl.algos.gae import gae
+from llmrl.algos.ppo_loss import clipped_ppo_losses
 from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
 from llmrl.config.glam import GlamPPO
 from llmrl.envs.make import episode_success
@@ -158,11 +159,8 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
                 dist = torch.distributions.Categorical(logits=out.logits.float())
                 logp = dist.log_prob(actions[idx].to(out.logits.device)).cpu()
                 values = out.values.float().cpu()
-                ratio = torch.exp(logp - old_logp[idx])
-                a = adv[idx]
-                policy_loss = -torch.min(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a).mean()
-                v_clipped = old_values[idx] + (values - old_values[idx]).clamp(-cfg.clip, cfg.clip)
-                value_loss = torch.max((values - returns[idx]) ** 2, (v_clipped - returns[idx]) ** 2).mean()
+                ratio, policy_loss, value_loss = clipped_ppo_losses(logp, old_logp[idx], adv[idx], values,
+                                                                    old_values[idx], returns[idx], cfg.clip)
                 entropy = dist.entropy().mean().cpu()
                 loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
                 weight = len(idx) / len(mb)  # micro-batch share of the minibatch mean
@@ -181,7 +179,7 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
     return {k: float(np.mean(v)) for k, v in stats.items()}
 
 
-def flatten(buf: dict, cfg: GlamPPO) -> dict:
+def advantage_batch(buf: dict, cfg: GlamPPO) -> dict:
     """GAE over the [T, N] rollout, then one flat list of samples."""
     adv, returns = gae(buf["rewards"], buf["values"], buf["dones"], buf["last_value"], cfg.gamma, cfg.lam)
     return {"prompts": [p for row in buf["prompts"] for p in row],
@@ -237,7 +235,7 @@ def train(
         t0 = time.perf_counter()
         buf = collect(agent, slots, cfg, gen)
         t_collect = time.perf_counter() - t0
-        stats = ppo_update(agent, optimizer, flatten(buf, cfg), cfg, gen)
+        stats = ppo_update(agent, optimizer, advantage_batch(buf, cfg), cfg, gen)
         n_frames = cfg.frames_per_env * cfg.n_envs
         update += 1
         frames += n_frames

@@ -294,7 +294,7 @@ class ReinforceKL:
         model.eval()  # no dropout in the reference pass
         with torch.no_grad(), self.reference_weights():
             ref = [token_logprobs(model, b)[0] for b in batches]
-        totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "steps": 0}
+        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "steps": 0}
         model.train()
         for _ in range(r.epochs):
             for mb, batch, ref_lp in zip(micro, batches, ref):
@@ -307,7 +307,7 @@ class ReinforceKL:
                 self.opt.step()
                 self.sched.step()
                 totals["loss"] += float(loss.detach())
-                totals["pg_loss"] += s["pg_loss_sum"]
+                totals["policy_loss"] += s["pg_loss_sum"]
                 totals["kl"] += s["kl_sum"]
                 totals["grad_norm"] += float(grad_norm)
                 for k in ("samples", "tokens"):
@@ -315,7 +315,7 @@ class ReinforceKL:
                 totals["steps"] += 1
         model.eval()
         n_samples, steps = max(totals["samples"], 1), max(totals["steps"], 1)
-        return {"loss": totals["loss"] / n_samples, "pg_loss": totals["pg_loss"] / n_samples,
+        return {"loss": totals["loss"] / n_samples, "policy_loss": totals["policy_loss"] / n_samples,
                 "divergence": totals["kl"] / max(totals["tokens"], 1), "grad_norm": totals["grad_norm"] / steps,
                 "samples": totals["samples"] // r.epochs, "tokens": totals["tokens"] // r.epochs,
                 "optimizer_steps": totals["steps"]}

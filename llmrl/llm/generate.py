@@ -52,6 +52,15 @@ class Generation:
     prefix_repeated: bool = False
 
 
+def eos_token_ids(llm: LLM) -> list[int]:
+    """Every token id that ends a reply: the tokenizer's end-of-sequence id and the generation config's (one id
+    or a list, as Llama 3's end-of-turn ids are). The one place both decoding loops take them from."""
+    ids = [llm.tokenizer.eos_token_id]
+    configured = getattr(llm.model.generation_config, "eos_token_id", None)
+    ids += configured if isinstance(configured, list) else [configured]
+    return sorted({i for i in ids if i is not None})
+
+
 def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """Cut ``text`` before the earliest stop string."""
     cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
@@ -73,10 +82,7 @@ def generate(
     """
     tok, model = llm.tokenizer, llm.model
     rendered = [llm.render(p, raw=raw) for p in prompts]
-    eos = [t for t in {tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)} if t is not None]
-    eos_ids: list[int] = []
-    for e in eos:
-        eos_ids.extend(e if isinstance(e, list) else [e])
+    eos_ids = eos_token_ids(llm)
     outputs: list[Generation] = []
     was_training = model.training
     model.eval()

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from llmrl.files import atomic_path, save_torch
+from llmrl.llm.heads import NumericIO
 from llmrl.llm.load import LLM, LoraSettings, load_model
 
 PLACEHOLDERS = {"state": " #", "action": " @", "target": " ^"}
@@ -170,11 +171,7 @@ class GroundedLM(nn.Module):
         self.token_embed = base.get_input_embeddings()
         H = base.config.hidden_size
         d, ad = spec.obs_dim, spec.action_dim
-        self.state_proj = nn.Linear(d, H)
-        self.action_proj = nn.Embedding(ad, H) if spec.discrete else nn.Linear(ad, H)
-        self.embed_ln = nn.LayerNorm(H)
-        self.obs_head = nn.Linear(H, d)
-        self.act_head = nn.Linear(H, ad)
+        self.io = NumericIO(d, ad, spec.discrete, H)
         mean = torch.tensor(spec.obs_mean, dtype=torch.float32) if spec.obs_mean else torch.zeros(d)
         std = torch.tensor(spec.obs_std, dtype=torch.float32) if spec.obs_std else torch.ones(d)
         self.register_buffer("obs_mean", mean)
@@ -183,8 +180,7 @@ class GroundedLM(nn.Module):
 
     # ---- parts ---------------------------------------------------------------------------------------------
     def grounding_modules(self) -> nn.ModuleDict:
-        return nn.ModuleDict({"state_proj": self.state_proj, "action_proj": self.action_proj,
-                              "embed_ln": self.embed_ln, "obs_head": self.obs_head, "act_head": self.act_head})
+        return nn.ModuleDict(dict(self.io.named_children()))
 
     def grounding_state(self) -> dict[str, torch.Tensor]:
         state = {k: v.detach().cpu() for k, v in self.grounding_modules().state_dict().items()}
@@ -200,8 +196,8 @@ class GroundedLM(nn.Module):
     def embed(self, ids, kind, obs, act) -> torch.Tensor:
         """Token embeddings with every STATE/ACTION placeholder replaced by its projected vector."""
         e = self.token_embed(ids)
-        s = self.embed_ln(self.state_proj(self.normalise(obs)))
-        a = self.embed_ln(self.action_proj(act.clamp(0, self.spec.action_dim - 1) if self.spec.discrete
+        s = self.io.embed_ln(self.io.state_proj(self.normalise(obs)))
+        a = self.io.embed_ln(self.io.action_proj(act.clamp(0, self.spec.action_dim - 1) if self.spec.discrete
                                            else act))
         k = kind.unsqueeze(-1)
         return torch.where(k == STATE, s.to(e.dtype), torch.where(k == ACTION, a.to(e.dtype), e))
@@ -225,12 +221,12 @@ class GroundedLM(nn.Module):
         o_mask, a_mask = b["obs_target"][:, 1:], b["act_target"][:, 1:]
         losses = {}
         if o_mask.any():
-            pred = self.obs_head(h_prev[o_mask].float())
+            pred = self.io.obs_head(h_prev[o_mask].float())
             losses["obs_loss"] = nn.functional.mse_loss(pred, self.normalise(b["obs"][:, 1:][o_mask]))
         else:
             losses["obs_loss"] = zero
         if a_mask.any():
-            pred = self.act_head(h_prev[a_mask].float())
+            pred = self.io.act_head(h_prev[a_mask].float())
             tgt = b["act"][:, 1:][a_mask]
             losses["act_loss"] = (nn.functional.cross_entropy(pred, tgt) if self.spec.discrete
                                   else nn.functional.mse_loss(pred, tgt))
@@ -246,7 +242,7 @@ class GroundedLM(nn.Module):
 
     # ---- generation ------------------------------------------------------------------------------------------
     def _action_out(self, h: torch.Tensor, greedy: bool, temperature: float, generator) -> torch.Tensor:
-        out = self.act_head(h.float())
+        out = self.io.act_head(h.float())
         if self.spec.discrete:
             if greedy:
                 return out.argmax(-1)
@@ -294,7 +290,7 @@ class GroundedLM(nn.Module):
             mask = torch.cat([mask, ones], 1)
             all_embeds = torch.cat([all_embeds, e_a], 1)
             h, past = self._run(e_a if reuse_cache else all_embeds, mask, past, reuse_cache)
-            s_next = self.denormalise(self.obs_head(h[:, -1].float()))
+            s_next = self.denormalise(self.io.obs_head(h[:, -1].float()))
             acts.append(a.cpu().numpy())
             nexts.append(s_next.cpu().numpy())
             if stop is not None:

@@ -134,7 +134,7 @@ def build_tiny(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> tup
     return model, tok
 
 
-def _embedded_gguf(name: str) -> Path:
+def embedded_gguf(name: str) -> Path:
     if name not in EMBEDDED_MODELS:
         raise ModelSpecError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
     package, filename = EMBEDDED_MODELS[name]
@@ -152,7 +152,7 @@ def _embedded_gguf(name: str) -> Path:
 
 def load_embedded(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """De-quantise the packaged GGUF into a plain fp32 model that ``save_pretrained`` accepts."""
-    gguf = _embedded_gguf(name)
+    gguf = embedded_gguf(name)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers refuses save_pretrained on a GGUF-loaded model: copy its weights into a plain twin.
@@ -198,7 +198,7 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer (and chat template) of a model spec, without its weights: what an OpenAI-compatible
     completions endpoint serving that model needs to be sent the text the local backend would feed it."""
     if spec.startswith("embedded:"):
-        gguf = _embedded_gguf(spec.split(":", 1)[1])
+        gguf = embedded_gguf(spec.split(":", 1)[1])
         return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if spec == "tiny" or spec.startswith("tiny:"):
         return build_tiny(int(spec.split(":", 1)[1]) if ":" in spec else 0)[1]

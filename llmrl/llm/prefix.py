@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from llmrl.llm.generate import Generation, SamplingConfig, truncate_at_stop
+from llmrl.llm.generate import Generation, SamplingConfig, eos_token_ids, truncate_at_stop
 from llmrl.llm.load import LLM
 
 
@@ -144,10 +144,7 @@ def generate_shared_prefix(llm: LLM, texts: Sequence[str], sampling: SamplingCon
     first answer line) need not pay for the tokens after it.
     """
     tok, model, dev = llm.tokenizer, llm.model, llm.device
-    eos_ids = {tok.eos_token_id}
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    eos_ids.discard(None)
+    eos_ids = set(eos_token_ids(llm))
     was_training = model.training
     model.eval()
     out: list[Generation] = []

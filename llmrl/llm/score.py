@@ -41,7 +41,9 @@ class ScoreOutput:
     prompt_hidden: torch.Tensor | None  # [B, H] last-layer hidden state at the prompt's last token
 
 
-def _tokenize_left_padded(tokenizer, texts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+def tokenize_left_padded(tokenizer, texts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask of ``texts`` padded on the left (every row's last position is its last token):
+    the one left-padding routine of the project (scoring, GLAM's value and action heads)."""
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     if any(len(x) == 0 for x in ids):
         raise ValueError("score: every prompt must tokenise to at least one token")
@@ -91,7 +93,7 @@ def score_tensors(
         raise ValueError("score: every prompt needs the same, non-zero number of candidates")
     model, tok, dev = llm.model, llm.tokenizer, llm.device
 
-    prompt_ids, prompt_mask = _tokenize_left_padded(tok, prompts, dev)
+    prompt_ids, prompt_mask = tokenize_left_padded(tok, prompts, dev)
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     out = model(

@@ -284,7 +284,7 @@ def kalm_section(root: Path) -> Section:
     s = Section("kalm", TITLES["kalm"], SUMMARIES["kalm"])
     rel = "metrics/kalm/eval/table.json"
     table = _json(root, rel)
-    means = _json(root, "metrics/kalm.json")["success_mean_over_levels"]
+    means = _json(root, "metrics/kalm/headline.json")["success_mean_over_levels"]
     levels = table["levels"]
     benchmarks = list(dict.fromkeys(r["benchmark"] for r in table["rows"]))
     for bench in benchmarks:
