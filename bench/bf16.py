@@ -54,7 +54,8 @@ def main() -> None:
         print("skipped: no native bf16")
         return
     torch.set_num_threads(THREADS)
-    llm = load_model(os.environ.get("LLMRL_BENCH_MODEL", "embedded:smollm2-135m-instruct"))
+    # trainable: every weight takes a gradient, as in a full fine-tune (the forward + backward timing)
+    llm = load_model(os.environ.get("LLMRL_BENCH_MODEL", "embedded:smollm2-135m-instruct"), trainable=True)
     model = llm.model
     ids = torch.randint(100, llm.tokenizer.vocab_size, (BATCH, TOKENS), generator=torch.Generator().manual_seed(0))
     prompts = [llm.render(babyai_prompt(i)) for i in range(8)]
