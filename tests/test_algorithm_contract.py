@@ -7,7 +7,7 @@
 
 Adding an algorithm is one ``Case`` below: ``run(seed)`` returns the trained object and its parameters before
 the update; ``params``, ``save_load`` and ``predict`` read it.
-Not yet entered: GLAM's BC, TRL's GRPO, KALM's grounding, ProPS (tested in their own modules).
+Not yet entered: GLAM's BC and ProPS's search and GRPO (tested in their own modules).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -111,8 +112,90 @@ def _reinforce_save_load(algo, tmp):
 
 def _lm_logits(obj):
     model = obj.llm.model if hasattr(obj, "llm") else obj.model
+    model.eval()  # TRL leaves the model in training mode (dropout on)
     with torch.no_grad():
         return model(input_ids=LM_INPUT).logits
+
+
+# ---- TRL's GRPO as LLM_RL runs it (the adapter attached by TRL) -----------------------------------------------------
+def _length_reward(prompts, completions, **_) -> list[float]:
+    # The correctness reward is 0 for every tiny-model answer, and GRPO with equal rewards has no gradient:
+    # a reward that varies within a group (the answer's length) makes one step move the adapter.
+    from llmrl.algos.grpo import completion_text
+
+    return [float(len(completion_text(c))) for c in completions]
+
+
+def _grpo_run(seed):
+    import tempfile
+
+    from llmrl.algos.grpo import build_grpo_trainer
+    from llmrl.algos.grpo import train as train_grpo
+    from llmrl.algos.llm_rl_grpo import build_dataset, trainer_params
+    from llmrl.config.llm_rl import CommonTrainParams, GRPOParams
+    from llmrl.seeding import seed_everything
+
+    seed_everything(seed)
+    llm = load_model("tiny:4")  # the base _reinforce_save_load loads back
+    # two optimiser steps of 2 completions: LoRA's A first gets a gradient in the second
+    common = CommonTrainParams(iterations=1, problems_per_iteration=2, group_size=2, micro_batch=2, answer_tokens=6,
+                               line_tokens=6, lr=1e-2, temperature=1.0, seed=seed,
+                               lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    run = build_grpo_trainer(llm, build_dataset(PROBLEMS[1:], PROBLEMS[:1]), [_length_reward],
+                             trainer_params(common, GRPOParams()), tempfile.mkdtemp(prefix="grpo-contract-"))
+    before = _snapshot(p for p in run.trainer.model.parameters() if p.requires_grad)
+    list(train_grpo(run))
+    llm.model = run.trainer.model
+    return SimpleNamespace(llm=llm), before  # what the stage keeps: the LLM with its trained adapter
+
+
+# ---- KALM's grounding of the tiny LM (LoRA, projections and heads) ---------------------------------------------------
+def _grounding_episode(seed):
+    from llmrl.data.trajectories import Episode
+
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(7, 5)).astype(np.float32)
+    return Episode(observations={"obs": obs[:-1], "next_obs": obs[1:]}, actions=rng.uniform(-1, 1, (6, 3)),
+                   rewards=np.zeros(6), terminated=np.zeros(6, bool), truncated=np.zeros(6, bool),
+                   mission="reach the red ball")
+
+
+def _grounding_params():
+    from llmrl.config.kalm import KalmGroundParams
+
+    return KalmGroundParams(model="tiny", trajectory_samples=4, dynamics_samples=4, goal_samples=4, reverse_samples=4,
+                            window=4, steps=2, batch_size=4, bf16_autocast=False, lr=3e-3, warmup=0, seed=0)
+
+
+def _grounding_run(seed):
+    from llmrl.algos import kalm_grounding as kg
+    from llmrl.llm.grounded import GroundingSpec, build_grounded
+
+    torch.manual_seed(seed)
+    model = build_grounded(GroundingSpec(obs_dim=5, action_dim=3, discrete=False, base_model="tiny", finetune="lora"))
+    rng = np.random.default_rng(seed)
+    samples = kg.build_samples(model, [_grounding_episode(0)], _grounding_params(), rng)
+    before = _snapshot(p for p in model.parameters() if p.requires_grad)
+    list(kg.train_grounding(model, samples, _grounding_params(), rng))
+    return model, before
+
+
+def _grounding_save_load(model, tmp):
+    from llmrl.llm.grounded import GroundedLM
+
+    model.save(tmp / "grounded")
+    return GroundedLM.load(tmp / "grounded")
+
+
+def _grounding_losses(model):
+    from llmrl.algos import kalm_grounding as kg
+    from llmrl.llm.grounded import collate
+
+    samples = kg.build_samples(model, [_grounding_episode(1)], _grounding_params(), np.random.default_rng(9))
+    batch = collate(samples["trajectory"] + samples["reverse"], model.llm.tokenizer.pad_token_id)
+    model.eval()
+    with torch.no_grad():
+        return torch.stack([v.float() for _, v in sorted(model.losses(batch).items())])
 
 
 # ---- GLAM's PPO over the tiny LM's action scores (LoRA + value head) -------------------------------------------------
@@ -203,6 +286,10 @@ ALGORITHMS = {
     "glam_ppo_llm": Case(_glam_run, lambda a: [p for p in a.parameters() if p.requires_grad], _glam_save_load,
                          _glam_predict),
     "reinforce_kl": Case(_reinforce_run, lambda algo: algo.params, _reinforce_save_load, _lm_logits, atol=1e-5),
+    "grpo_llm_rl": Case(_grpo_run, lambda r: [p for p in r.llm.model.parameters() if p.requires_grad],
+                        _reinforce_save_load, _lm_logits, atol=1e-5),  # merged adapter, as reinforce_kl
+    "kalm_grounding": Case(_grounding_run, lambda m: [p for p in m.parameters() if p.requires_grad],
+                           _grounding_save_load, _grounding_losses, atol=1e-5),  # the adapter is merged on load
     "kalm_offline_dbc": Case(_offline_run, lambda l: [p for m in _d3rlpy_modules(l) for p in m.parameters()],
                              _offline_save_load, lambda l: torch.as_tensor(l.predict(OFFLINE_INPUT))),
 }
