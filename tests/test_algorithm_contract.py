@@ -7,7 +7,7 @@
 
 Adding an algorithm is one ``Case`` below: ``run(seed)`` returns the trained object and its parameters before
 the update; ``params``, ``save_load`` and ``predict`` read it.
-Not yet entered: GLAM's BC and ProPS's search and GRPO (tested in their own modules).
+Not yet entered: ProPS's search (no gradient) and ProPS's GRPO (tested in their own modules).
 """
 
 from __future__ import annotations
@@ -231,6 +231,25 @@ def _glam_predict(agent):
     return torch.cat([out.logits.flatten(), out.values.flatten()])
 
 
+# ---- GLAM's behaviour cloning of the tiny LM's action scores ----------------------------------------------------------
+def _bc_params(agent):
+    # BC's cross-entropy reads the action scores only: the value head is PPO's and is left out on purpose
+    return [p for n, p in agent.named_parameters() if p.requires_grad and not n.startswith("value_head")]
+
+
+def _bc_run(seed):
+    from llmrl.agents.llm_policy import build_agent
+    from llmrl.algos.bc_llm import train_bc
+    from llmrl.envs.babyai_text.languages import ACTIONS_EN
+
+    agent = build_agent("tiny", "lora", seed=seed)
+    before = _snapshot(_bc_params(agent))
+    samples = [(GLAM_PROMPT.replace("red ball", goal), list(ACTIONS_EN), i)
+               for i, goal in enumerate(("red ball", "blue key", "green box", "grey door"))]
+    train_bc(agent, samples, epochs=1, batch_size=2, lr=1e-3, seed=seed, progress=False)  # two steps: LoRA's A moves
+    return agent, before
+
+
 # ---- KALM's offline RL through d3rlpy (DiscreteBC) -------------------------------------------------------------------
 def _d3rlpy_modules(learnable):
     return [m for m in vars(learnable.impl.modules).values() if isinstance(m, torch.nn.Module)]
@@ -285,6 +304,7 @@ ALGORITHMS = {
     # differently from the adapter applied beside W at run time
     "glam_ppo_llm": Case(_glam_run, lambda a: [p for p in a.parameters() if p.requires_grad], _glam_save_load,
                          _glam_predict),
+    "glam_bc_llm": Case(_bc_run, _bc_params, _glam_save_load, _glam_predict),
     "reinforce_kl": Case(_reinforce_run, lambda algo: algo.params, _reinforce_save_load, _lm_logits, atol=1e-5),
     "grpo_llm_rl": Case(_grpo_run, lambda r: [p for p in r.llm.model.parameters() if p.requires_grad],
                         _reinforce_save_load, _lm_logits, atol=1e-5),  # merged adapter, as reinforce_kl
