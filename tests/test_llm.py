@@ -151,3 +151,29 @@ def test_eos_token_ids_take_the_tokenizers_and_a_list_from_the_generation_config
     assert eos_token_ids(llm) == sorted({llm.tokenizer.eos_token_id, 5, 7})
     llm.model.generation_config.eos_token_id = None
     assert eos_token_ids(llm) == [llm.tokenizer.eos_token_id]
+
+
+def test_full_fine_tuning_keeps_fp32_weights_and_computes_in_the_asked_dtype(tmp_path):
+    """bf16 asked for a fully trained model: fp32 master weights, bf16 autocast forwards. An Adam step at the
+    learning rates used here (1e-5) moves the fp32 weights; on bf16 weights most of the same step rounds away."""
+    llm = load_model("tiny", device="cpu", dtype="bfloat16", trainable=True)
+    assert llm.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in llm.model.parameters())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert llm.model(input_ids=ids).logits.dtype == torch.bfloat16  # computed under autocast
+
+    def moved_fraction(model) -> float:
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+        model(input_ids=ids).logits.float().logsumexp(-1).sum().backward()
+        opt.step()
+        moved = sum(int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before))
+        return moved / sum(b.numel() for b in before)
+
+    mixed = moved_fraction(llm.model)
+    assert mixed > 0.9
+    pure = load_model("tiny", device="cpu", dtype="bfloat16").model.requires_grad_(True)
+    assert next(pure.parameters()).dtype == torch.bfloat16  # frozen models keep the asked dtype
+    assert moved_fraction(pure) < 0.3  # measured 0.16: most updates are below bf16's resolution
+    save_model(llm.model, llm.tokenizer, tmp_path / "m")  # the autocast wrapper does not get in the way
+    assert (tmp_path / "m" / "config.json").is_file()

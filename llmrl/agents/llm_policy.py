@@ -90,6 +90,10 @@ class LLMActorCritic(nn.Module):
             raise ValueError(f"LLMActorCritic: temperature must be > 0, got {temperature}")
         self.llm, self.head, self.temperature, self.length_norm = llm, head, temperature, length_norm
         self.model = llm.model  # registered so .parameters() covers the trainable LLM weights
+        if llm.device.type == "cuda" and llm.dtype != torch.float32:
+            # Measured on an H100 (bench/gpu.py, paper profile): with SDPA attention in bf16 the left-padded PPO
+            # batches gave NaN logits within the first update (fp32 weights or not); eager attention ran clean.
+            llm.model.set_attn_implementation("eager")
         hidden = llm.model.config.hidden_size
         with torch.random.fork_rng():
             torch.manual_seed(seed)

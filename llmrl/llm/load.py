@@ -220,7 +220,8 @@ def load_model(
     """Load any model spec (see module doc) onto the machine's device and dtype.
 
     With ``lora`` a peft adapter is attached and only its weights are trainable; with ``trainable`` and no
-    adapter all weights are; otherwise the model is frozen and in eval mode.
+    adapter all weights are, kept in fp32 with ``dtype`` (bf16 on a GPU by default) as the autocast compute dtype;
+    otherwise the model is frozen and in eval mode, its weights in ``dtype``.
     """
     if spec.startswith("embedded:"):
         model, tok = load_embedded(spec.split(":", 1)[1])
@@ -238,7 +239,14 @@ def load_model(
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     dev, dt = default_device_dtype(device, dtype)
-    model = model.to(device=dev, dtype=dt)
+    # Fully trained weights stay fp32 and a lower dtype becomes the compute dtype under autocast (mixed
+    # precision): Adam on bf16 weights rounds away every update below ~2^-8 of a weight (lr 1e-5 and 1e-6 here),
+    # and GLAM's full fine-tuning in pure bf16 gave NaN logits within its first PPO update on an H100
+    # (bench/gpu.py). LoRA adapters are fp32 already (peft's autocast_adapter_dtype) on the frozen base.
+    weights_dt = torch.float32 if trainable and lora is None else dt
+    model = model.to(device=dev, dtype=weights_dt)
+    if weights_dt != dt:
+        model.forward = torch.autocast(dev.type, dtype=dt)(model.forward)
     if lora is not None:
         from peft import LoraConfig, get_peft_model
 
