@@ -66,7 +66,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
     cfg = PPOParams(total_frames=iterations * N_ENVS * N_STEPS, num_envs=N_ENVS, num_steps=N_STEPS, epochs=4,
                     minibatch_size=64, lr=3e-4, entropy_coef=0.01)
     start = time.perf_counter()
-    history = train(envs, agent, cfg, seed=seed, progress=False)
+    history = list(train(envs, agent, cfg, seed=seed, progress=False))
     seconds = time.perf_counter() - start
     envs.close()
     params = hashlib.sha256()
@@ -75,7 +75,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
         params.update(tensor.detach().contiguous().numpy().tobytes())
     rows = [{k: v for k, v in row.items() if k != "fps"} for row in history]
     metrics = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
-    returns = [r["train/return"] for r in history if "train/return" in r]
+    returns = [r["return_mean"] for r in history if "return_mean" in r]
     return {"param_sha256": params.hexdigest()[:16], "metrics_sha256": metrics[:16],
             "final_train_return": returns[-1] if returns else None, "final_loss": history[-1].get("loss"),
             "train_seconds": seconds, "aten_capability": torch.backends.cpu.get_cpu_capability(),

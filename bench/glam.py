@@ -86,7 +86,7 @@ def run_one(method: str, model: str) -> dict:
     cfg = GlamPPO(n_envs=2, frames_per_env=3, updates=1, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-4,
                   max_steps=6)
     start = time.perf_counter()
-    row = train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False)[-1]
+    row = list(train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False))[-1]
     wall = time.perf_counter() - start
     frames = cfg.n_envs * cfg.frames_per_env
     return {"method": method, "frames": frames, "env_steps_per_s": row["fps"], "collect_s": row["collect_s"],

@@ -74,10 +74,6 @@ def peak_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
 
 
-class Budget(Exception):
-    """Raised from a per-update callback once ``--minutes`` are spent: the run stops after that update."""
-
-
 def bench_glam(args) -> dict:
     from llmrl.agents.llm_policy import LLMActorCritic
     from llmrl.algos.ppo_llm import train
@@ -92,19 +88,12 @@ def bench_glam(args) -> dict:
                            seed=1)
     rows: list[dict] = []
     deadline = time.perf_counter() + 60 * args.minutes
-
-    def on_update(row: dict) -> None:
+    start = time.perf_counter()
+    for row in train(agent, lambda: make_env(p.train.env_id), cfg, history=p.policy.history, seed=1, progress=False):
         rows.append({**row, "peak_gib": peak_gib()})
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}), flush=True)
         if time.perf_counter() > deadline:
-            raise Budget
-
-    start = time.perf_counter()
-    try:
-        train(agent, lambda: make_env(p.train.env_id), cfg, history=p.policy.history, seed=1, on_update=on_update,
-              progress=False)
-    except Budget:
-        pass
+            break
     wall = time.perf_counter() - start
     frames = rows[-1]["frames"] if rows else 0
     steady = rows[1:] or rows  # the first update pays for CUDA's warm-up
@@ -120,7 +109,7 @@ def bench_glam(args) -> dict:
         "collect_s_mean": round(sum(r["collect_s"] for r in steady) / len(steady), 2) if steady else None,
         "peak_gpu_gib": peak_gib(),
         "paper_updates": p.train.updates,
-        "curve": [{k: r[k] for k in ("update", "frames", "episodes", "success_rate", "return_mean", "entropy",
+        "curve": [{k: r[k] for k in ("iteration", "frames", "episodes", "success_rate", "return_mean", "entropy",
                                      "policy_loss", "value_loss", "approx_kl", "fps", "collect_s", "peak_gib")}
                   for r in rows],
     }

@@ -47,7 +47,7 @@ def run_llmrl(frames: int, seed: int) -> float:
     cfg = PPOParams(total_frames=frames, num_envs=N_ENVS, num_steps=N_STEPS, epochs=EPOCHS, minibatch_size=MINIBATCH,
                     lr=3e-4, entropy_coef=0.0)
     start = time.perf_counter()
-    history = train(envs, agent, cfg, seed=seed, progress=False)
+    history = list(train(envs, agent, cfg, seed=seed, progress=False))
     seconds = time.perf_counter() - start
     envs.close()
     return history[-1]["frames"] / seconds

@@ -39,13 +39,13 @@ def main() -> None:
             (Path(tmp) / str(seed)).mkdir()
             save_torch(model.state_dict(), Path(tmp) / str(seed) / "model.pt")
             finals.append(history[-1])
-            log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("train/success"))
+            log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("success_rate"))
         (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
                                                          "cfg": cfg.model_dump()}, indent=2))
     mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
     write_json(GLAM.metrics / "symbolic.json",
                {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),
-                "success_rate": mean("train/success"), "return_mean": mean("train/return"),
+                "success_rate": mean("success_rate"), "return_mean": mean("return_mean"),
                 "policy_loss": mean("policy_loss"), "value_loss": mean("value_loss"),
                 "entropy": mean("entropy"), "seconds": round(time.perf_counter() - start, 1)})
 

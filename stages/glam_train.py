@@ -46,21 +46,23 @@ def main() -> None:
                             code=project_sources(ROOT))
     checkpoint = RESUME / "glam_train" / item / "checkpoint.pt"
     start = time.perf_counter()
-    history = train(agent, lambda: make_env(t.env_id), t.ppo(), history=p.policy.history, seed=seed,
-                    checkpoint=checkpoint, identity=identity,
-                    on_update=lambda r: log.info("update %d: success %.3f entropy %.3f loss %.4f fps %.2f",
-                                                 r["update"], r["success_rate"], r["entropy"], r["loss"],
-                                                 r["fps"]))
+    rows = []
+    for row in train(agent, lambda: make_env(t.env_id), t.ppo(), history=p.policy.history, seed=seed,
+                     checkpoint=checkpoint, identity=identity):
+        rows.append(row)
+        log.info("update %d%s: success %.3f entropy %.3f loss %.4f fps %.2f", row["iteration"],
+                 " (restored)" if row.get("resumed") else "", row["success_rate"], row["entropy"], row["loss"],
+                 row["fps"])
     save_agent(agent, GLAM.models / item,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
     # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.
     with open_live(GLAM.plots / "train" / item) as live:
-        for row in history:
-            live.step = row["update"]
+        for row in rows:
+            live.step = row["iteration"]
             for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):
                 live.log_metric(k, row[k])
     # Headline figures of the last update in the shared vocabulary; the per-update curves are the dvclive plots.
-    last = history[-1]
+    last = rows[-1]
     write_json(GLAM.metrics / "train" / f"{item}.json",
                {**{k: round(float(last[k]), 4) for k in ("success_rate", "return_mean", "policy_loss", "value_loss",
                                                          "entropy", "approx_kl")},

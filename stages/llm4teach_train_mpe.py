@@ -36,14 +36,14 @@ def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots
         result = train_spread_student(teacher, m, seed, on_iteration=log_iteration(live))
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     history = result.history
-    returns = [h["train/return"] for h in history if "train/return" in h]
+    returns = [h["return_mean"] for h in history if "return_mean" in h]
     metrics = {"run": run, "env_id": "simple_spread_v3", "teacher": teacher_kind, "seed": seed,
                "frames": history[-1]["frames"], "iterations": len(history), "seconds": round(seconds, 1),
                "cpu_seconds": round(cpu_seconds, 1),
                "final_distill_coef": history[-1]["distill_coef"],
                "train_return_first": returns[0] if returns else None,
                "train_return_last": returns[-1] if returns else None,
-               "train_return_curve": [(h["frames"], h["train/return"]) for h in history if "train/return" in h]}
+               "train_return_curve": [(h["frames"], h["return_mean"]) for h in history if "return_mean" in h]}
     metrics.update(teacher_record(teacher))
     save_run(seed, result.agent, metrics, models=models, records=records, ppo=m.ppo.model_dump(),
              n_agents=m.n_agents)

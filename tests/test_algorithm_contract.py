@@ -52,7 +52,7 @@ def _ppo_run(seed):
     cfg = PPOParams(total_frames=2 * 64, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
     agent = GridStudent(10, 10, 7)
     before = _snapshot(agent.parameters())
-    train(make_vector_env(lambda: make_env(ENV_IDS["simpledoorkey"]), 2), agent, cfg, seed=seed, progress=False)
+    list(train(make_vector_env(lambda: make_env(ENV_IDS["simpledoorkey"]), 2), agent, cfg, seed=seed, progress=False))
     return agent, before
 
 
@@ -73,7 +73,7 @@ def _mappo_run(seed):
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, (16, 16))
     before = _snapshot(agent.parameters())
     cfg = PPOParams(total_frames=25 * 2 * envs.n_agents, num_envs=2, num_steps=25, epochs=1, minibatch_size=50)
-    train_mappo(envs, agent, cfg, seed=seed, progress=False)
+    list(train_mappo(envs, agent, cfg, seed=seed, progress=False))
     return agent, before
 
 
@@ -212,7 +212,7 @@ def _glam_run(seed):
     before = _snapshot(p for p in agent.parameters() if p.requires_grad)
     # two minibatches: LoRA's B starts at 0, so its A first gets a gradient in the second step
     cfg = GlamPPO(n_envs=2, frames_per_env=4, updates=1, epochs=1, minibatch_size=4, micro_batch=4, lr=1e-3)
-    train_glam(agent, lambda: make_env("BabyAI-Text-GoToObjS4-v0"), cfg, history=1, seed=seed, progress=False)
+    list(train_glam(agent, lambda: make_env("BabyAI-Text-GoToObjS4-v0"), cfg, history=1, seed=seed, progress=False))
     return agent, before
 
 

@@ -56,15 +56,6 @@ def test_identity_names_what_changed_and_mismatch_is_discarded(tmp_path, caplog)
         run_identity({}, inputs={"base_model": tmp_path / "missing"})
 
 
-class Kill(Exception):
-    pass
-
-
-def _stop_after_first(row):
-    if row["update"] == 1:
-        raise Kill
-
-
 @pytest.mark.parametrize("change", ["none", "update_function", "base_model"])
 def test_glam_resumes_only_an_identical_run(tmp_path, change, caplog):
     model, rule = tmp_path / "base_model", tmp_path / "ppo_llm.py"
@@ -76,18 +67,18 @@ def test_glam_resumes_only_an_identical_run(tmp_path, change, caplog):
         return run_identity({"cfg": "x"}, inputs={"base_model": model}, code=[rule], root=tmp_path)
 
     ckpt = tmp_path / "ckpt.pt"
-    with pytest.raises(Kill):
-        train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, history=3, seed=0, checkpoint=ckpt,
-              identity=identity(), on_update=_stop_after_first, progress=False)
+    for _ in train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, history=3, seed=0,
+                   checkpoint=ckpt, identity=identity(), progress=False):
+        break  # stopped after update 1
     assert ckpt.is_file()
     if change == "update_function":
         rule.write_text(rule.read_text().replace("ratio = ", "ratio = 1.0 * ", 1))
     elif change == "base_model":
         (model / "weights.bin").write_bytes(b"v2")
-    ran = []
     with caplog.at_level(logging.INFO, logger="llmrl.checkpoint"):
-        train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG, history=3, seed=0, checkpoint=ckpt,
-              identity=identity(), on_update=lambda r: ran.append(r["update"]), progress=False)
+        ran = [r["iteration"] for r in train(build_agent("tiny", "lora", seed=0), lambda: make_env(ENV), CFG,
+                                             history=3, seed=0, checkpoint=ckpt, identity=identity(), progress=False)
+               if not r.get("resumed")]
     if change == "none":
         assert ran == [2] and "resuming" in caplog.text
     else:
@@ -106,10 +97,13 @@ from llmrl.envs import make_env
 cfg = GlamPPO(n_envs=2, frames_per_env=3, updates=5, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
 agent = build_agent("tiny", "lora", seed=0)
 ident = run_identity({"cfg": repr(cfg)}, code=project_sources())
-h = train(agent, lambda: make_env("BabyAI-Text-GoToObjS4-v0"), cfg, history=3, seed=0, checkpoint=sys.argv[1],
-          identity=ident,
-          on_update=lambda r: print("update", r["update"], flush=True), progress=False)
-skip = ("fps", "collect_s")
+h = []
+for r in train(agent, lambda: make_env("BabyAI-Text-GoToObjS4-v0"), cfg, history=3, seed=0, checkpoint=sys.argv[1],
+               identity=ident, progress=False):
+    h.append(r)
+    if not r.get("resumed"):
+        print("update", r["iteration"], flush=True)
+skip = ("fps", "collect_s", "resumed")
 weights = sum(float(p.double().sum()) for p in agent.parameters() if p.requires_grad)
 print("RESULT", json.dumps({"history": [{k: v for k, v in r.items() if k not in skip} for r in h],
                             "weights": weights}), flush=True)

@@ -102,10 +102,10 @@ def results(tmp_path_factory) -> Path:
     _write(root, f"{m}/llm4teach/report.json", {"simpledoorkey": {"result": {
         "met_oracle": False, "mode": "greedy", "ppo_ceiling": 0.5, "statistic": "mean over seeds of per-seed success",
         "target": 0.9}}})
-    for item, name in (("simpledoorkey-oracle", "success"), ("simpledoorkey-none", "success"), ("mpe-llm", "return"),
-                       ("mpe-none", "return")):
+    for item, name in (("simpledoorkey-oracle", "success_rate"), ("simpledoorkey-none", "success_rate"),
+                       ("mpe-llm", "return_mean"), ("mpe-none", "return_mean")):
         for seed in (0, 1):
-            _write(root, f"plots/llm4teach/train/{item}/seed-{seed}/plots/metrics/train/{name}.tsv",
+            _write(root, f"plots/llm4teach/train/{item}/seed-{seed}/plots/metrics/{name}.tsv",
                    _tsv(name, [(512, 0.1 * seed), (1024, 0.2 + 0.1 * seed)]))
     # KALM
     levels = ["rephrase", "easy"]

@@ -16,7 +16,7 @@ observation array, and an optional ``teacher`` callable ``obs_batch (numpy) -> Ï
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -121,8 +121,10 @@ def update_from_rollout(agent: nn.Module, optimizer: torch.optim.Optimizer, buf:
 
 def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOParams, *, seed: int,
           teacher: Teacher | None = None, distill: DistillParams | None = None,
-          on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
-    """Train ``agent`` in place; returns one stats dict per iteration (also passed to ``on_iteration``).
+          progress: bool = True) -> Iterator[dict]:
+    """Train ``agent`` in place, yielding one metrics row per iteration (rollout + update) in the shared vocabulary
+    (``llmrl.algos``): iteration (from 1), frames, the losses, episodes, fps and, once episodes end,
+    return_mean, length_mean and success_rate of the episodes that ended in it.
 
     ``envs`` must autoreset in ``SAME_STEP`` mode (the final observation is in ``infos["final_obs"]``).
     """
@@ -137,7 +139,6 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOParams, *, seed:
     next_obs, _ = envs.reset(seed=seed)
     buf = rollout_buffers(T, N, envs.single_observation_space.shape, np.asarray(next_obs).dtype, n_actions)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=int)
-    history: list[dict] = []
     frames, start = 0, time.perf_counter()
 
     for it in tqdm(range(cfg.iterations), desc="ppo", disable=not progress, leave=False):
@@ -171,16 +172,13 @@ def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOParams, *, seed:
             last_value = agent(torch.as_tensor(next_obs))[1].numpy()
         losses = update_from_rollout(agent, optimizer, buf, last_value, cfg, coef, gen)
 
-        stats = {"iteration": it, "frames": frames, "distill_coef": coef, **losses,
+        stats = {"iteration": it + 1, "frames": frames, "distill_coef": coef, **losses,
                  "episodes": len(finished), "fps": frames / (time.perf_counter() - start)}
         if finished:
-            stats["train/return"] = float(np.mean([f[0] for f in finished]))
-            stats["train/length"] = float(np.mean([f[1] for f in finished]))
-            stats["train/success"] = float(np.mean([f[2] for f in finished]))
-        history.append(stats)
-        if on_iteration is not None:
-            on_iteration(stats)
-    return history
+            stats["return_mean"] = float(np.mean([f[0] for f in finished]))
+            stats["length_mean"] = float(np.mean([f[1] for f in finished]))
+            stats["success_rate"] = float(np.mean([f[2] for f in finished]))
+        yield stats
 
 
 def make_vector_env(make_one: Callable[[], gym.Env], num_envs: int) -> gym.vector.SyncVectorEnv:

@@ -3,7 +3,8 @@ task and MAPPO on MPE simple_spread, each with an optional teacher.
 
 Shared by the training stages and the validation selection (``scripts/llm4teach_select.py``) so both train exactly
 the same way. The learning curve is measured through a callback (``measure(agent, frames) -> dict``) the
-caller builds from the evaluation layer, so this module stays free of evaluation code.
+caller builds from the evaluation layer, so this module stays free of evaluation code; ``on_iteration`` sees
+every row the trainer yields (a stage logs them).
 """
 
 from __future__ import annotations
@@ -58,15 +59,15 @@ def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: LLM4TeachT
         curve.append({"frames": frames, **measure(agent, frames)})
         agent.train()
 
-    def step(stats: dict) -> None:
-        if (stats["iteration"] + 1) % every == 0 or stats["iteration"] + 1 == cfg.iterations:
+    point(0)
+    history = []
+    for stats in train(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
+                       distill=t.distill, progress=progress):
+        history.append(stats)
+        if stats["iteration"] % every == 0 or stats["iteration"] == cfg.iterations:
             point(stats["frames"])
         if on_iteration is not None:
             on_iteration(stats)
-
-    point(0)
-    history = train(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
-                    distill=t.distill, on_iteration=step, progress=progress)
     envs.close()
     return TeachRun(agent, history, curve)
 
@@ -78,6 +79,10 @@ def train_spread_student(teacher: TeacherPolicy | None, m: LLM4TeachMPEParams, s
     cfg = m.ppo
     envs = SpreadBatch(cfg.num_envs, m.n_agents, m.max_cycles, m.local_ratio)
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, tuple(m.hidden))
-    history = train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
-                          distill=m.distill, on_iteration=on_iteration, progress=progress)
+    history = []
+    for stats in train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
+                             distill=m.distill, progress=progress):
+        history.append(stats)
+        if on_iteration is not None:
+            on_iteration(stats)
     return TeachRun(agent, history)

@@ -14,7 +14,7 @@ GAE per agent stream.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -42,8 +42,9 @@ def make_mappo_agent(obs_dim: int, n_agents: int, n_actions: int, hidden: tuple[
 
 def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOParams, *, seed: int,
                 teacher: Teacher | None = None, distill: DistillParams | None = None,
-                on_iteration: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
-    """Train the shared actor and centralised critic in place; one stats dict per iteration.
+                progress: bool = True) -> Iterator[dict]:
+    """Train the shared actor and centralised critic in place, yielding one metrics row per iteration (the
+    vocabulary of ``distilled_ppo.train``; return_mean is the mean team return of the episodes that ended).
 
     ``cfg.num_envs`` must equal ``envs.num_envs``; ``cfg.total_frames`` counts joint steps × agents.
     ``teacher`` maps raw per-agent observations [B, D] to π_T [B, n_actions].
@@ -60,7 +61,6 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOParams, *, seed: in
     obs = envs.reset(seed=seed)
     in_dim = mappo_inputs(obs, envs.clock()).shape[-1]
     buf = rollout_buffers(T, S, (in_dim,), np.float32, envs.n_actions)
-    history: list[dict] = []
     frames, start = 0, time.perf_counter()
 
     for it in tqdm(range(iterations), desc="mappo", disable=not progress, leave=False):
@@ -80,14 +80,11 @@ def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOParams, *, seed: in
             last_value = agent(torch.as_tensor(mappo_inputs(obs, envs.clock())).reshape(S, in_dim))[1].numpy()
         losses = update_from_rollout(agent, optimizer, buf, last_value, cfg, coef, gen)
 
-        stats = {"iteration": it, "frames": frames, "distill_coef": coef, **losses,
+        stats = {"iteration": it + 1, "frames": frames, "distill_coef": coef, **losses,
                  "episodes": len(finished), "fps": frames / (time.perf_counter() - start)}
         if finished:
-            stats["train/return"] = float(np.mean(finished))
-        history.append(stats)
-        if on_iteration is not None:
-            on_iteration(stats)
-    return history
+            stats["return_mean"] = float(np.mean(finished))
+        yield stats
 
 
 def greedy_joint_policy(agent: nn.Module) -> Callable[[np.ndarray], np.ndarray]:

@@ -17,7 +17,7 @@ import copy
 import pickle
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -62,9 +62,9 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
     gen.set_state(state["sampler"])
 
 
-def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, history,
+def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, rows,
                      identity: RunIdentity) -> None:
-    save_checkpoint(path, {"update": update, "frames": frames, "metrics": history,
+    save_checkpoint(path, {"update": update, "frames": frames, "metrics": rows,
                            "trainable": agent.trainable_state(), "optimizer": optimizer.state_dict(),
                            "rng": _rng_state(gen), "slots": pickle.dumps(slots)}, identity)
 
@@ -198,17 +198,17 @@ def train(
     checkpoint: str | Path | None = None,
     run_extra: dict | None = None,
     identity: RunIdentity | None = None,
-    on_update: Callable[[dict], None] | None = None,
     progress: bool = True,
-) -> list[dict]:
+) -> Iterator[dict]:
     """Train ``agent`` with PPO for ``cfg.updates`` updates; resume from ``checkpoint`` if it holds this run.
 
     ``history`` is the prompt window (observations per prompt), ``seed`` seeds Python, NumPy, torch, the action
     sampler and env i (``seed * 10000 + i``).
-    Returns one metrics dict per update (all updates, resumed ones included). ``on_update`` is called after
-    each update that this call ran, once its checkpoint is on disk. ``identity`` (``llmrl.checkpoint.run_identity``:
-    params + input contents + code) decides whether the checkpoint belongs to this run; without one, the config
-    and ``run_extra`` alone identify it.
+    Yields one metrics row per update (``iteration`` from 1, frames, episodes, success_rate, return_mean,
+    length_mean, the losses, fps, collect_s), each once its checkpoint is on disk; a resumed run first yields
+    the rows of the updates it restored, marked ``resumed: True``, so a consumer always sees the whole run.
+    ``identity`` (``llmrl.checkpoint.run_identity``: params + input contents + code) decides whether the
+    checkpoint belongs to this run; without one, the config and ``run_extra`` alone identify it.
     """
     random.seed(seed)
     np.random.seed(seed)
@@ -221,7 +221,7 @@ def train(
     identity = identity or run_identity({"cfg": cfg.model_dump(), "history": history, "seed": seed,
                                          "extra": run_extra or {}})
     slots = [EnvSlot(make_env(), seed=seed * 10_000 + i, history=history) for i in range(cfg.n_envs)]
-    update, frames, history = 0, 0, []
+    update, frames, rows = 0, 0, []
     ckpt = Path(checkpoint) if checkpoint else None
     state = load_resumable(ckpt, identity) if ckpt is not None else None
     if state is not None:
@@ -229,7 +229,9 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         _set_rng_state(state["rng"], gen)
         slots = pickle.loads(state["slots"])
-        update, frames, history = state["update"], state["frames"], state["metrics"]
+        update, frames, rows = state["update"], state["frames"], state["metrics"]
+        for row in rows:
+            yield {**row, "resumed": True}
     bar = tqdm(total=cfg.updates, initial=update, desc="ppo_llm", disable=not progress)
     while update < cfg.updates:
         t0 = time.perf_counter()
@@ -240,16 +242,14 @@ def train(
         update += 1
         frames += n_frames
         eps = buf["episodes"]
-        row = {"update": update, "frames": frames, "episodes": len(eps),
+        row = {"iteration": update, "frames": frames, "episodes": len(eps),
                "success_rate": float(np.mean([e["success"] for e in eps])) if eps else 0.0,
                "return_mean": float(np.mean([e["return"] for e in eps])) if eps else 0.0,
                "length_mean": float(np.mean([e["length"] for e in eps])) if eps else 0.0,
                **stats, "fps": n_frames / (time.perf_counter() - t0), "collect_s": t_collect}
-        history.append(row)
+        rows.append(row)
         if ckpt is not None:
-            _save_checkpoint(ckpt, agent, optimizer, gen, slots, update, frames, history, identity)
-        if on_update is not None:
-            on_update(row)
+            _save_checkpoint(ckpt, agent, optimizer, gen, slots, update, frames, rows, identity)
         bar.update(1)
+        yield row
     bar.close()
-    return history

@@ -263,11 +263,12 @@ def llm4teach_section(root: Path) -> Section:
         items = _entries(root, rel, f"{env}-*/")
         # success where the task has it (DoorKey), the episode return where it has none (MPE)
         first_seed = _entries(root, f"{rel}/{items[0].name}", "seed-*/")[0]
-        metric = "success" if (first_seed / "plots/metrics/train/success.tsv").exists() else "return"
+        metric = "success" if (first_seed / "plots/metrics/success_rate.tsv").exists() else "return"
+        series = {"success": "success_rate", "return": "return_mean"}[metric]
         s.plots.append(CurvePlot(
             f"llm4teach-train-{env}", f"{env}: training episodes' {metric} per teacher (one line per seed)",
             f"{rel}/{env}-*/", "environment steps", metric,
-            [_tsv_series(root, f"{rel}/{item.name}/{seed.name}/plots/metrics/train/{metric}.tsv",
+            [_tsv_series(root, f"{rel}/{item.name}/{seed.name}/plots/metrics/{series}.tsv",
                          item.name.removeprefix(f"{env}-"))
              for item in items for seed in _entries(root, f"{rel}/{item.name}", "seed-*/")]))
     return s
