@@ -7,7 +7,10 @@
 
 Adding an algorithm is one ``Case`` below: ``run(seed)`` returns the trained object and its parameters before
 the update; ``params``, ``save_load`` and ``predict`` read it.
-Not yet entered: ProPS's search (no gradient) and ProPS's GRPO (tested in their own modules).
+
+Gradient-free searches (ProPS's LLM search and its baselines) have no trainable parameters: each entry of
+``SEARCHES`` passes the searches' own checks at the end of this file (the shared row vocabulary, the best point
+inside the parameter space and scoring what the history says, same seed same search, another seed another).
 """
 
 from __future__ import annotations
@@ -292,6 +295,39 @@ def _offline_save_load(learnable, tmp):
     return d3rlpy.load_learnable(str(tmp / "model.d3"))
 
 
+# ---- ProPS's GRPO fine-tuning of the optimizer LLM (its data, prompts and reward functions) ---------------------------
+def _props_grpo_run(seed):
+    import tempfile
+
+    from datasets import Dataset
+
+    from llmrl.algos.grpo import build_grpo_trainer
+    from llmrl.algos.grpo import train as train_grpo
+    from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, sample_scored_vectors
+    from llmrl.algos.props_prompts import PromptSettings
+    from llmrl.config.grpo import GRPOTrainParams
+    from llmrl.envs.control import get_task
+    from llmrl.seeding import seed_everything
+
+    seed_everything(seed)
+    task = get_task("mountaincar_continuous")
+    data = sample_scored_vectors(task, 4, 1, low=-6, high=6, decimals=1, seed=0)
+    settings = PromptSettings(low=-6, high=6, decimals=1, step_size=0.5, optimum=100.0, episodes=1)
+    records = build_records(task, data, range(4), settings, iteration=1, total_iterations=30, rollout_seed_base=9)
+    rewards = RewardSettings(task=task, n_params=3, low=-6.0, high=6.0, return_floor=-200.0, return_span=300.0)
+    # ProPS's rewards are 0 for every tiny-model reply (no parsable proposal), and equal rewards give GRPO no
+    # gradient: the length reward beside them varies within a group, so the steps move the adapter.
+    cfg = GRPOTrainParams(learning_rate=1e-2, max_steps=2, max_completion_length=8, seed=seed,
+                          lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    llm = load_model("tiny:4")
+    run = build_grpo_trainer(llm, Dataset.from_list(records), [*make_reward_funcs(rewards), _length_reward], cfg,
+                             tempfile.mkdtemp(prefix="props-grpo-contract-"))
+    before = _snapshot(p for p in run.trainer.model.parameters() if p.requires_grad)
+    list(train_grpo(run))
+    llm.model = run.trainer.model
+    return SimpleNamespace(llm=llm), before
+
+
 OFFLINE_INPUT = np.random.default_rng(2).integers(0, 6, (4, 155)).astype(np.float32)  # 151 obs + 4 embedding
 
 
@@ -310,6 +346,9 @@ ALGORITHMS = {
                         _reinforce_save_load, _lm_logits, atol=1e-5),  # merged adapter, as reinforce_kl
     "kalm_grounding": Case(_grounding_run, lambda m: [p for p in m.parameters() if p.requires_grad],
                            _grounding_save_load, _grounding_losses, atol=1e-5),  # the adapter is merged on load
+    "props_grpo": Case(_props_grpo_run, lambda r: [p for p in r.llm.model.parameters()
+                                                                     if p.requires_grad],
+                       _reinforce_save_load, _lm_logits, atol=1e-5),
     "kalm_offline_dbc": Case(_offline_run, lambda l: [p for m in _d3rlpy_modules(l) for p in m.parameters()],
                              _offline_save_load, lambda l: torch.as_tensor(l.predict(OFFLINE_INPUT))),
 }
@@ -343,3 +382,77 @@ def test_same_seed_same_parameters_other_seed_others(trained):
         assert torch.equal(a.detach(), b.detach()), name
     other, _ = case.run(1)
     assert any(not torch.equal(a.detach(), b.detach()) for a, b in zip(case.params(obj), case.params(other))), name
+
+
+# ================================================================================ gradient-free searches (ProPS)
+SEARCH = dict(tasks=["mountaincar_continuous"], iterations=3, episodes_per_eval=2,
+              max_episode_steps={"mountaincar_continuous": 50}, prompt_token_budget=900)
+
+
+def _props_search_run(seed):
+    import tempfile
+
+    from llmrl.algos.props_search import build_optimizer_llm, props_search
+    from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
+
+    lp = PropsLLMParams(spec="tiny", max_new_tokens=12, answer_prefix="params[0]:", max_retries=0)
+    optimizer = build_optimizer_llm(lp, cache_dir=Path(tempfile.mkdtemp(prefix="props-contract-")) / "replies")
+    states = []
+    rows = list(props_search("mountaincar_continuous", ["props"], [seed], optimizer,
+                             PropsSearchParams(**SEARCH, max_reasks=1), PropsSpaceParams(), lp, states_out=states))
+    return rows, states
+
+
+def _random_search_run(seed):
+    from llmrl.algos.blackbox import random_search
+    from llmrl.config.props import PropsSearchParams, PropsSpaceParams
+
+    states = []
+    rows = list(random_search("mountaincar_continuous", [seed], PropsSearchParams(**SEARCH), PropsSpaceParams(),
+                              states_out=states))
+    return rows, states
+
+
+def _cem_run(seed):
+    from llmrl.algos.blackbox import cem
+    from llmrl.config.props import CEMParams, PropsSearchParams, PropsSpaceParams
+
+    states = []
+    rows = list(cem("mountaincar_continuous", [seed], PropsSearchParams(**SEARCH), PropsSpaceParams(),
+                    CEMParams(population=4, episodes_per_candidate=1), states_out=states))
+    return rows, states
+
+
+SEARCHES = {"props_search": _props_search_run, "random_search": _random_search_run, "cem": _cem_run}
+
+
+@pytest.fixture(scope="module", params=sorted(SEARCHES))
+def searched(request):
+    return request.param, *SEARCHES[request.param](0)
+
+
+def _rows(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def test_search_rows_and_best_point(searched):
+    from llmrl.config.props import PropsSpaceParams
+
+    name, rows, states = searched
+    space = PropsSpaceParams()
+    assert rows and all({"step", "episodes", "return_mean", "best_return"} <= r.keys() for r in rows), name
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows), name
+    assert all(b["episodes"] > a["episodes"] for a, b in zip(rows, rows[1:])), f"{name}: budget must grow"
+    (state,) = states
+    assert state.best_params is not None and space.low <= state.best_params.min() <= state.best_params.max() <= space.high
+    assert rows[-1]["best_return"] == state.best_return == max(r["best_return"] for r in rows), name
+    if hasattr(state, "history"):  # ProPS keeps (params, mean return) per iteration: the best is the history's best
+        assert state.best_return == max(ret for _, ret in state.history), name
+
+
+def test_search_same_seed_same_search_other_seed_another(searched):
+    name, rows, states = searched
+    again_rows, again = SEARCHES[name](0)
+    assert _rows(again_rows) == _rows(rows) and np.array_equal(again[0].best_params, states[0].best_params), name
+    other_rows, other = SEARCHES[name](1)
+    assert not np.array_equal(other[0].best_params, states[0].best_params), f"{name}: another seed, same search"
