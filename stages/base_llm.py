@@ -4,14 +4,14 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import BASE_LLM  # isort: skip
+import paths  # isort: skip
 
 import torch
 
 from llmrl.config import BaseLLMParams
 from llmrl.llm import load_model, save_model
 
-OUT = BASE_LLM
+OUT = paths.base_llm().model
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 from llmrl.config import ParamsError, load_section, read_params
 from llmrl.kernels import pin_cpu_kernels

@@ -4,7 +4,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import DEMOS  # isort: skip
+import paths  # isort: skip
 
 from llmrl.agents import BabyAIBotPolicy
 from llmrl.config import DemosParams
@@ -13,7 +13,7 @@ from llmrl.envs import make_env
 from llmrl.eval import evaluate
 from llmrl.files import write_json
 
-OUT = DEMOS
+OUT = paths.demos().demos
 ACTION_NAMES = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle", "done"]
 
 

@@ -9,7 +9,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 
 prepare_stage_process()
 
-from paths import BASELINES  # isort: skip
+import paths  # isort: skip
 
 
 from llmrl.agents import BabyAIBotPolicy, RandomPolicy
@@ -27,9 +27,9 @@ def main() -> None:
     envs = stage_params("demos", DemosParams).envs  # evaluate on the levels the demonstrations cover
     seeds = range(p.seed, p.seed + p.episodes)
     rows = []
-    with open_live(BASELINES.plots / "eval") as live, \
-            atomic_path(BASELINES.metrics / "eval", is_dir=True) as eval_dir, \
-            atomic_path(BASELINES.metrics / "episodes", is_dir=True) as episodes_dir:
+    out = paths.eval_baselines()
+    with open_live(out.live) as live, atomic_path(out.eval, is_dir=True) as eval_dir, \
+            atomic_path(out.episodes, is_dir=True) as episodes_dir:
         for env_id in envs:
             env = make_env(env_id)
             for name in p.policies:

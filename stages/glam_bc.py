@@ -10,7 +10,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import DEMOS, GLAM  # isort: skip
+import paths  # isort: skip
 
 import time
 
@@ -25,6 +25,9 @@ from llmrl.envs import make_env
 from llmrl.files import write_json
 
 
+OUT = paths.glam_bc()
+
+
 def main() -> None:
     p = stage_params("glam", GlamParams)
     demos = stage_params("demos", DemosParams)
@@ -33,7 +36,7 @@ def main() -> None:
                          f"demos stage's data); it lists {demos.envs}")
     torch.set_num_threads(p.threads)
     start = time.perf_counter()
-    with TrajectoryReader(DEMOS / f"{p.train.env_id}.h5") as reader:
+    with TrajectoryReader(paths.demos().demos / f"{p.train.env_id}.h5") as reader:
         if len(reader) < p.bc.episodes:
             raise SystemExit(f"glam.bc.episodes: {p.bc.episodes} asked, data/demos has {len(reader)} episodes")
         episodes = [reader[i] for i in range(p.bc.episodes)]
@@ -44,13 +47,13 @@ def main() -> None:
     agent = build_agent(**build)
     samples = bc_samples(agent, episodes, env.get_wrapper_attr("labels"), env.get_wrapper_attr("action_texts"),
                          p.policy.history)
-    losses = train_bc(agent, samples, epochs=p.bc.epochs, batch_size=p.bc.batch_size, lr=p.bc.lr, seed=p.bc.seed)
-    save_agent(agent, GLAM.models / "bc", {"build": build, "history": p.policy.history,
-                                                         "env_id": p.train.env_id})
+    losses = [row["loss"] for row in train_bc(agent, samples, epochs=p.bc.epochs, batch_size=p.bc.batch_size,
+                                              lr=p.bc.lr, seed=p.bc.seed)]
+    save_agent(agent, OUT.model, {"build": build, "history": p.policy.history, "env_id": p.train.env_id})
     bot_success = sum(ep.success for ep in episodes) / len(episodes)
     log.info("bc: %d samples from %d bot episodes (bot success %.2f), loss %.3f -> %.3f", len(samples),
              len(episodes), bot_success, losses[0], losses[-1])
-    write_json(GLAM.metrics / "bc.json",
+    write_json(OUT.metrics,
                {"samples": len(samples), "episodes": len(episodes), "loss_first": round(losses[0], 4),
                 "loss": round(losses[-1], 4), "seconds": round(time.perf_counter() - start, 1)})
 

@@ -13,7 +13,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 
 prepare_stage_process()
 
-from paths import GLAM  # isort: skip
+import paths  # isort: skip
 
 import time
 
@@ -29,7 +29,7 @@ from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
 from llmrl.files import atomic_path, write_json
 
-OUT = GLAM.metrics
+OUT = paths.glam_eval()
 
 
 def agents(p: GlamParams):
@@ -39,7 +39,7 @@ def agents(p: GlamParams):
 
     def symbolic(seed: int):
         model = SymbolicActorCritic()
-        model.load_state_dict(torch.load(GLAM.models / "symbolic" / str(seed) / "model.pt",
+        model.load_state_dict(torch.load(paths.glam_symbolic().model / str(seed) / "model.pt",
                                          weights_only=True))
         return SymbolicPolicy(model, name=f"symbolic_ppo-{seed}")
 
@@ -52,13 +52,13 @@ def agents(p: GlamParams):
 
     yield "zero_shot", [zero_shot], p.eval.modes
 
-    def trained(item: str, name: str):
-        agent, meta = load_agent(GLAM.models / item)
+    def trained(folder, name: str):
+        agent, meta = load_agent(folder)
         return LLMBatchPolicy(agent, name, history=meta["history"], record_steps=20)
 
-    yield "bc", [lambda: trained("bc", "bc")], p.eval.modes
+    yield "bc", [lambda: trained(paths.glam_bc().model, "bc")], p.eval.modes
     for v in p.train.variants:
-        yield f"glam_{v}", [lambda item=f"{v}-{s}": trained(item, f"glam_{item}") for s in p.train.seeds], p.eval.modes
+        yield f"glam_{v}", [lambda item=f"{v}-{s}": trained(paths.glam_train(item).model, f"glam_{item}") for s in p.train.seeds], p.eval.modes
 
 
 def main() -> None:
@@ -67,8 +67,8 @@ def main() -> None:
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing = [], {}
-    with open_live(GLAM.plots / "eval") as live, \
-            atomic_path(OUT / "eval", is_dir=True) as eval_dir, atomic_path(OUT / "episodes", is_dir=True) as ep_dir:
+    with open_live(OUT.live) as live, \
+            atomic_path(OUT.eval, is_dir=True) as eval_dir, atomic_path(OUT.episodes, is_dir=True) as ep_dir:
         for name, factories, modes in agents(p):
             start = time.perf_counter()
             results: dict = {}  # (env_id, mode) -> one EvalResult per training seed

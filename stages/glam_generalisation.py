@@ -11,7 +11,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 
 prepare_stage_process()
 
-from paths import GLAM  # isort: skip
+import paths  # isort: skip
 
 import torch
 
@@ -33,17 +33,17 @@ def main() -> None:
     torch.set_num_threads(p.threads)
     seeds = range(g.seed, g.seed + g.episodes)
     rows = []
-    agents = {f"glam_{v}": [f"{v}-{s}" for s in p.train.seeds] for v in p.train.variants}
+    agents = {f"glam_{v}": [(f"{v}-{s}", paths.glam_train(f"{v}-{s}").model) for s in p.train.seeds]
+              for v in p.train.variants}
     if g.include_bc:
-        agents["bc"] = ["bc"]
-    out = GLAM.metrics
-    with open_live(GLAM.plots / "generalisation") as live, \
-            atomic_path(out / "generalisation", is_dir=True) as gen_dir, \
-            atomic_path(out / "generalisation_prompts", is_dir=True) as prompt_dir:
+        agents["bc"] = [("bc", paths.glam_bc().model)]
+    out = paths.glam_generalisation()
+    with open_live(out.live) as live, atomic_path(out.metrics, is_dir=True) as gen_dir, \
+            atomic_path(out.prompts, is_dir=True) as prompt_dir:
         for name, items in agents.items():
             results: dict = {test: [] for test in g.tests}
-            for item in items:
-                agent, meta = load_agent(GLAM.models / item)
+            for item, folder in items:
+                agent, meta = load_agent(folder)
                 for test in g.tests:
                     policy = LLMBatchPolicy(agent, name, history=meta["history"], record_steps=3)
                     results[test].append(evaluate_batched(policy, lambda test=test: make_env(g.env_id, variant=test),

@@ -4,7 +4,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import GLAM  # isort: skip
+import paths  # isort: skip
 
 import json
 import time
@@ -18,7 +18,7 @@ from llmrl.config.glam import GlamParams
 from llmrl.envs import make_env
 from llmrl.files import atomic_path, save_torch, write_json
 
-OUT = GLAM.models / "symbolic"
+OUT = paths.glam_symbolic()
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
         return TimeLimit(e, p.train.max_steps) if p.train.max_steps else e
 
     finals = []
-    with atomic_path(OUT, is_dir=True) as tmp:
+    with atomic_path(OUT.model, is_dir=True) as tmp:
         for seed in s.seeds:
             model, history = train_symbolic(env, cfg, seed=seed)
             (Path(tmp) / str(seed)).mkdir()
@@ -43,7 +43,7 @@ def main() -> None:
         (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
                                                          "cfg": cfg.model_dump()}, indent=2))
     mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
-    write_json(GLAM.metrics / "symbolic.json",
+    write_json(OUT.metrics,
                {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),
                 "success_rate": mean("success_rate"), "return_mean": mean("return_mean"),
                 "policy_loss": mean("policy_loss"), "value_loss": mean("value_loss"),

@@ -11,7 +11,8 @@ from common import ROOT, log, open_live, prepare_stage_process, stage_params  # 
 
 prepare_stage_process()
 
-from paths import GLAM, RESUME  # isort: skip
+import paths  # isort: skip
+from paths import RESUME  # isort: skip
 
 import sys
 import time
@@ -33,6 +34,7 @@ def main() -> None:
     if variant not in p.train.variants or not seed_s.isdigit() or int(seed_s) not in p.train.seeds:
         raise SystemExit(f"glam_train: item {item!r} is not <variant>-<seed> of glam.train.variants x seeds")
     seed = int(seed_s)
+    out = paths.glam_train(item)
     torch.set_num_threads(p.threads)
     t = p.train
     build = {"model": p.model, "variant": variant, "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
@@ -53,17 +55,17 @@ def main() -> None:
         log.info("update %d%s: success %.3f entropy %.3f loss %.4f fps %.2f", row["iteration"],
                  " (restored)" if row.get("resumed") else "", row["success_rate"], row["entropy"], row["loss"],
                  row["fps"])
-    save_agent(agent, GLAM.models / item,
+    save_agent(agent, out.model,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
     # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.
-    with open_live(GLAM.plots / "train" / item) as live:
+    with open_live(out.live) as live:
         for row in rows:
             live.step = row["iteration"]
             for k in ("success_rate", "return_mean", "entropy", "policy_loss", "value_loss", "approx_kl"):
                 live.log_metric(k, row[k])
     # Headline figures of the last update in the shared vocabulary; the per-update curves are the dvclive plots.
     last = rows[-1]
-    write_json(GLAM.metrics / "train" / f"{item}.json",
+    write_json(out.metrics,
                {**{k: round(float(last[k]), 4) for k in ("success_rate", "return_mean", "policy_loss", "value_loss",
                                                          "entropy", "approx_kl")},
                 "env_steps": int(last["frames"]), "seconds": round(time.perf_counter() - start, 1)})

@@ -10,7 +10,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import KALM  # isort: skip
+import paths  # isort: skip
 
 import time
 
@@ -28,7 +28,7 @@ from llmrl.llm.embed import build_table
 from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything
 
-OUT = KALM.data / "real"
+OUT = paths.kalm_data().real
 
 
 def main() -> None:
@@ -77,7 +77,7 @@ def main() -> None:
         metrics["embeddings"] = {"instructions": len(table), "dim": table.dim,
                                  "seconds": round(time.perf_counter() - start, 1)}
         log.info("embedded %d instructions (dim %d)", len(table), table.dim)
-    write_json(KALM.metrics / "data.json", metrics)
+    write_json(paths.kalm_data().metrics, metrics)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 
 prepare_stage_process()
 
-from paths import KALM  # isort: skip
+import paths  # isort: skip
 
 import importlib.util
 import logging
@@ -29,8 +29,8 @@ from llmrl.eval.kalm import evaluate_benchmark
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 
-GROUNDED_MODEL = KALM.models / "grounded"
-MODELS = KALM.models / "offline"
+GROUNDED_MODEL = paths.kalm_ground().model
+OUT = paths.kalm_eval()
 
 
 def grounded_agent():
@@ -47,7 +47,7 @@ def run_benchmark(benchmark: str) -> dict:
     p = stage_params("kalm.eval", KalmEvalParams)
     off = stage_params("kalm.offline", KalmOfflineParams)
     env_p = stage_params("kalm.env", KalmEnvParams)
-    runs = [(f"{name}-{data}", MODELS / f"{name}-{data}" / f"seed-{seed}" / "model.d3")
+    runs = [(f"{name}-{data}", paths.kalm_offline(name, data).models / f"seed-{seed}" / "model.d3")
             for name, algo in off.algos.items() if algo.benchmark == benchmark
             for data in off.data for seed in off.seeds]
     agent = grounded_agent() if p.grounded_episodes else None
@@ -55,7 +55,7 @@ def run_benchmark(benchmark: str) -> dict:
         log.warning("%s: no grounded LLM policy (llmrl/agents/grounded_policy.py or %s missing): row left out",
                     benchmark, GROUNDED_MODEL)
     return evaluate_benchmark(
-        benchmark, offline_runs=runs, table=EmbeddingTable.load(KALM.data / "real" / "embeddings.npz"),
+        benchmark, offline_runs=runs, table=EmbeddingTable.load(paths.kalm_data().real / "embeddings.npz"),
         levels=p.levels, settings=EnvSettings.for_benchmark(env_p, benchmark),
         episodes=p.metaworld_episodes if benchmark == "metaworld" else p.babyai_episodes, first_seed=p.seed,
         random_seeds=p.random_seeds, confidence=p.confidence, grounded=agent, grounded_episodes=p.grounded_episodes,
@@ -74,13 +74,13 @@ def main() -> None:
               "metaworld_episodes_per_level_seed": p.metaworld_episodes, "seconds": round(seconds, 1),
               "seconds_per_benchmark": {b: r["seconds"] for b, r in results.items()}}
     rows = [row for r in results.values() for row in r["rows"]]
-    with atomic_path(KALM.metrics / "eval", is_dir=True) as out:
+    with atomic_path(OUT.eval, is_dir=True) as out:
         write_json(out / "table.json", {"rows": rows, "budget": budget, "levels": p.levels,
                                         "grounded_llm": any("grounded-llm" in r["headline"] for r in results.values())})
         write_json(out / "episodes.json", [e for r in results.values() for e in r["episodes"]])
-    write_json(KALM.metrics / "headline.json", {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
+    write_json(OUT.headline, {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
                                                 "eval_seconds": round(seconds, 1), "env": fingerprint_line()})
-    with open_live(KALM.plots / "eval") as live:
+    with open_live(OUT.live) as live:
         live.log_plot("success_by_policy", [{"policy": f"{r['benchmark']} {r['level']}: {r['row']}",
                                              "success_rate": r["value"]} for r in rows],
                       x="success_rate", y="policy", template="bar_horizontal",

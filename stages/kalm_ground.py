@@ -10,7 +10,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 
 prepare_stage_process()
 
-from paths import KALM  # isort: skip
+import paths  # isort: skip
 
 import time
 
@@ -28,23 +28,25 @@ from llmrl.llm.grounded import GroundingSpec, build_grounded
 from llmrl.seeding import seed_everything
 
 HEADLINE = ("loss", "obs_loss", "act_loss", "token_loss")
+OUT = paths.kalm_ground()
+REAL = paths.kalm_data().real
 
 
 def main() -> None:
     p = stage_params("kalm.ground", KalmGroundParams)
     torch.set_num_threads(p.threads)
     metrics: dict = {"env": fingerprint_line(), "autocast": str(autocast_dtype(p)).removeprefix("torch.")}
-    with atomic_path(KALM.models / "grounded", is_dir=True) as out:
+    with atomic_path(OUT.model, is_dir=True) as out:
         for benchmark in p.benchmarks:
             start = time.perf_counter()
             rng = seed_everything(p.seed)
-            episodes = read_episodes(KALM.data / "real" / f"{benchmark}.h5")
+            episodes = read_episodes(REAL / f"{benchmark}.h5")
             order = rng.permutation(len(episodes))
             n_val = max(1, round(p.validation_episodes * len(episodes)))
             val = [episodes[i] for i in order[:n_val]]
             train = [episodes[i] for i in order[n_val:]]
             obs = np.concatenate([np.concatenate([e.observations["obs"], e.observations["next_obs"]]) for e in train])
-            kl.check_obs(benchmark, obs, f"{KALM.data / 'real' / (benchmark + '.h5')} observations")
+            kl.check_obs(benchmark, obs, f"{REAL / (benchmark + '.h5')} observations")
             spec_a = kl.action_spec(benchmark)
             spec = GroundingSpec(obs_dim=kl.obs_dim(benchmark), action_dim=spec_a.n, discrete=spec_a.discrete,
                                  action_low=float(spec_a.low), action_high=float(spec_a.high), base_model=p.model,
@@ -61,7 +63,7 @@ def main() -> None:
                      len(val), sum(len(v) for v in samples.values()), before)
             train_start = time.perf_counter()
             rows = []
-            with open_live(KALM.plots / "ground" / benchmark) as live:
+            with open_live(OUT.plots / benchmark) as live:
                 for row in tqdm(train_grounding(model, samples, p, rng), total=p.steps, desc=f"ground {benchmark}"):
                     rows.append(row)
                     live.step = row["step"]
@@ -83,7 +85,7 @@ def main() -> None:
                 "train_seconds": round(train_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
             }
             log.info("%s: held-out after %s; %s", benchmark, after, metrics[benchmark])
-    write_json(KALM.metrics / "ground.json", metrics)
+    write_json(OUT.metrics, metrics)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import KALM  # isort: skip
+import paths  # isort: skip
 
 import sys
 import time
@@ -31,6 +31,7 @@ def main() -> None:
     if len(sys.argv) != 3:
         sys.exit("usage: kalm_imagine.py <benchmark> <level>")
     benchmark, level = sys.argv[1], sys.argv[2]
+    out = paths.kalm_imagine(benchmark, level)
     p = stage_params("kalm.imagine", KalmImagineParams)
     env_p = stage_params("kalm.env", KalmEnvParams)
     goals = kl.goals(benchmark, level)  # UnknownLevelError names a wrong benchmark/level before any write
@@ -38,7 +39,7 @@ def main() -> None:
     seed_everything(p.seed)
     settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
     start = time.perf_counter()
-    model = GroundedLM.load(KALM.models / "grounded" / benchmark)
+    model = GroundedLM.load(paths.kalm_ground().model / benchmark)
     load_seconds = time.perf_counter() - start
     t0 = time.perf_counter()
     episodes = imagine_level(model, goals, p, settings)
@@ -48,10 +49,9 @@ def main() -> None:
     ep_goals = [goals[i % len(goals)] for i in range(len(episodes))]
     summary, rows = rollout_quality(episodes, None, settings, goals=ep_goals)
     replay_seconds = time.perf_counter() - t0
-    name = f"{benchmark}_{level}"
-    with TrajectoryWriter(KALM.data / "imagine" / f"{name}.h5") as writer:
+    with TrajectoryWriter(out.data) as writer:
         writer.extend(episodes)
-    write_json(KALM.data / "imagine_report" / f"{name}.json", {
+    write_json(out.report, {
         "params": p.model_dump(), "horizon": horizon(p, benchmark), "summary": summary, "rollouts": rows,
         "examples": [{"prompt": trajectory_prompt(e.mission) + " # <s0>", **episode_text(e)}
                      for e in episodes[:p.examples]]})
@@ -59,8 +59,8 @@ def main() -> None:
                "transitions_per_s": round(steps / imagine_seconds, 1), "imagine_seconds": round(imagine_seconds, 1),
                "replay_seconds": round(replay_seconds, 1), "load_seconds": round(load_seconds, 1),
                "env": fingerprint_line()}
-    write_json(KALM.metrics / f"imagine_{name}.json", metrics)
-    log.info("%s: %s", name, metrics)
+    write_json(out.metrics, metrics)
+    log.info("%s_%s: %s", benchmark, level, metrics)
 
 
 if __name__ == "__main__":

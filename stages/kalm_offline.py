@@ -13,7 +13,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 
 prepare_stage_process()
 
-from paths import KALM  # isort: skip
+import paths  # isort: skip
 
 import functools
 import sys
@@ -29,18 +29,18 @@ from llmrl.data.embeddings import EmbeddingTable
 from llmrl.files import write_json
 from llmrl.parallel import run_seeds_into
 
-DATA = KALM.data
+REAL = paths.kalm_data().real
 
 
 def imagined_paths(benchmark: str, levels) -> list:
-    return [DATA / "imagine" / f"{benchmark}_{level}.h5" for level in levels]
+    return [paths.kalm_imagine(benchmark, level).data for level in levels]
 
 
 def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> None:
     p = stage_params("kalm.offline", KalmOfflineParams)
     algo = p.algos[name]
     run = f"{name}-{data}-{seed}"
-    episodes = read_episodes(DATA / "real" / f"{algo.benchmark}.h5")
+    episodes = read_episodes(REAL / f"{algo.benchmark}.h5")
     mix = None
     if data == "imagine":
         imagined = []
@@ -54,7 +54,7 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
                "imagined_episodes": stats.imagined_episodes, "imagined_share": round(stats.imagined_share, 4),
                "mix_ratio": p.mix_ratio}
         log.info("%s: real + imagined dataset %s", run, mix)
-    table = EmbeddingTable.load(DATA / "real" / "embeddings.npz")
+    table = EmbeddingTable.load(REAL / "embeddings.npz")
     dataset = build_dataset(episodes, table, algo.benchmark)
     learnable = make_learnable(algo, seed, p.threads)
     rows = []
@@ -87,9 +87,7 @@ def main() -> None:
         sys.exit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
     if data not in p.data:
         sys.exit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
-    group = f"{name}-{data}"
-    folders = {"models": KALM.models / "offline" / group, "plots": KALM.plots / "offline" / group}
-    run_seeds_into(folders, functools.partial(run_seed, name, data), p.seeds, p.workers)
+    run_seeds_into(dict(paths.kalm_offline(name, data)), functools.partial(run_seed, name, data), p.seeds, p.workers)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,11 @@ and evaluation open it offline, so they never load a model, and a missing reply 
 from __future__ import annotations
 
 from common import model_spec  # isort: skip
-from paths import LLM4TEACH  # isort: skip
+import paths  # isort: skip
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from llmrl.agents.student import save_student
@@ -32,9 +31,6 @@ from llmrl.parallel import run_seeds_into
 from llmrl.llm.backends import CachedBackend, LazyBackend, ReplyCache, SharedPromptBackend
 from llmrl.llm.generate import SamplingConfig
 
-REPLIES = LLM4TEACH.data / "replies"
-PLANS = LLM4TEACH.data / "plans"
-MODELS, METRICS, PLOTS = LLM4TEACH.models, LLM4TEACH.metrics, LLM4TEACH.plots
 MPE_KEY = "simple_spread"
 
 
@@ -73,7 +69,7 @@ def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: 
     if teacher == "oracle":
         return OraclePlanner(kind)
     model_id, factory = _backend_factory(p)
-    backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(REPLIES), offline=offline)
+    backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(paths.llm4teach_plans().replies), offline=offline)
     sampling = SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                               stop=tuple(p.stop), seed=p.seed)
     return LLMPlanner(kind, backend, n_ask=p.n_ask, sampling=sampling, answer_prefix=p.answer_prefix,
@@ -107,9 +103,9 @@ def teacher_record(teacher: TeacherPolicy | None) -> dict:
     return out
 
 
-def group_name(key: str, teacher: str) -> str:
-    """One stage item: every seed of one task and teacher (``simpledoorkey-llm``, ``mpe-none``)."""
-    return f"{'mpe' if key == MPE_KEY else key}-{teacher}"
+def item_outputs(key: str, teacher: str) -> paths.Outputs:
+    """One stage item's folders: every seed of one task and teacher (``simpledoorkey-llm``, ``mpe-none``)."""
+    return paths.llm4teach_train_mpe(teacher) if key == MPE_KEY else paths.llm4teach_train(key, teacher)
 
 
 def student_file(models: Path, seed: int) -> Path:
@@ -130,7 +126,7 @@ def save_run(seed: int, agent: nn.Module, metrics: dict, *, models: Path, record
     write_json(train_record_file(records, seed), metrics)
 
 
-def train_group(group: str, seeds: Sequence[int], workers: int, run_seed: Callable[..., None]) -> None:
+def train_group(outputs: paths.Outputs, seeds: Sequence[int], workers: int, run_seed: Callable[..., None]) -> None:
     """Train every seed of one stage item, ``workers`` processes side by side, and publish the group's models,
     records and curves together: a killed or failed item leaves the previous group whole.
 
@@ -138,5 +134,4 @@ def train_group(group: str, seeds: Sequence[int], workers: int, run_seed: Callab
     runs alone in a single-threaded process, as when every seed was its own stage, so the bytes do not depend
     on ``workers``.
     """
-    run_seeds_into({"models": MODELS / group, "records": METRICS / "train" / group, "plots": PLOTS / "train" / group},
-                   run_seed, seeds, workers)
+    run_seeds_into(dict(outputs), run_seed, seeds, workers)

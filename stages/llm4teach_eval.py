@@ -14,8 +14,9 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 # busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
 prepare_stage_process(torch_threads=1)
 
-from llm4teach_common import METRICS, MODELS, MPE_KEY, PLOTS, env_id, group_name, make_teacher, student_file, \
+from llm4teach_common import MPE_KEY, env_id, item_outputs, make_teacher, student_file, \
     train_record_file  # isort: skip
+import paths  # isort: skip
 
 import json
 
@@ -34,8 +35,8 @@ from llmrl.eval.llm4teach import beats_random, result_check, return_headline
 from llmrl.files import atomic_path, write_json
 
 
-def train_record(group: str, seed: int) -> dict:
-    return json.loads(train_record_file(METRICS / "train" / group, seed).read_text())
+def train_record(item: paths.Outputs, seed: int) -> dict:
+    return json.loads(train_record_file(item.records, seed).read_text())
 
 
 def successes(results) -> list[list[float]]:
@@ -58,18 +59,18 @@ def eval_grid(p: LLM4TeachParams, key: str, seeds: range, eval_dir, result_dir, 
     ppo = None
     for teacher in p.train.teachers:
         label = "ppo" if teacher == "none" else f"student_{teacher}"
-        group = group_name(key, teacher)
+        item = item_outputs(key, teacher)
         by_mode = {}
         for mode in ("greedy", "sampled"):
             by_mode[mode] = []
             for seed in p.train.seeds:
-                model, _ = load_student(student_file(MODELS / group, seed))
+                model, _ = load_student(student_file(item.models, seed))
                 r = evaluate_batched(StudentPolicy(model, f"{label}-{seed}"), lambda: make_env(eid), seeds,
                                      mode=mode, n_envs=len(seeds), progress=False)
                 write_json(episodes_dir / f"{key}_{label}_{seed}_{mode}.json", r.table())
                 by_mode[mode].append(r)
         greedy = aggregate_seeds(successes(by_mode["greedy"]), rate=True)
-        records = [train_record(group, seed) for seed in p.train.seeds]
+        records = [train_record(item, seed) for seed in p.train.seeds]
         aulc = aggregate_seeds([[r["aulc"]] for r in records])  # one value per seed: a bootstrap over seeds
         flag = beats_random(greedy, random_success.value)
         write_json(eval_dir / key / f"{label}.json",
@@ -117,13 +118,13 @@ def eval_mpe(p: LLM4TeachParams, eval_dir, rows: list[dict]) -> dict:
         label = "mappo" if teacher == "none" else f"student_{teacher}"
         per_seed = []
         for seed in m.seeds:
-            model, _ = load_student(student_file(MODELS / group_name(MPE_KEY, teacher), seed))
+            model, _ = load_student(student_file(item_outputs(MPE_KEY, teacher).models, seed))
             per_seed.append(evaluate_spread(greedy_joint_policy(model), e.episodes, e.seed, **kw))
         agg = aggregate_seeds(per_seed)
         flag = beats_random(agg, random_value)
         write_json(eval_dir / "mpe" / f"{label}.json",
                    metrics_entry({"greedy": return_headline(per_seed)}, beats_random=flag))
-        records = [train_record(group_name(MPE_KEY, teacher), seed) for seed in m.seeds]
+        records = [train_record(item_outputs(MPE_KEY, teacher), seed) for seed in m.seeds]
         report[label] = {"greedy_return": agg.summary(), "beats_random": flag,
                          "budget": {"frames": records[0]["frames"], "iterations": records[0]["iterations"],
                                     "final_distill_coef": records[0]["final_distill_coef"]},
@@ -152,20 +153,20 @@ def main() -> None:
                                  "interval": "95% hierarchical bootstrap over seeds, then episodes "
                                              "(llmrl.eval.seeds.aggregate_seeds)",
                                  "beats_random": "the seed-level interval's low end above random's figure"}}
-    with atomic_path(METRICS / "eval", is_dir=True) as eval_dir, \
-            atomic_path(METRICS / "episodes", is_dir=True) as episodes_dir, \
-            atomic_path(METRICS / "result", is_dir=True) as result_dir:
+    out = paths.llm4teach_eval()
+    with atomic_path(out.eval, is_dir=True) as eval_dir, atomic_path(out.episodes, is_dir=True) as episodes_dir, \
+            atomic_path(out.result, is_dir=True) as result_dir:
         for key in p.train.envs:
             report[key] = eval_grid(p, key, seeds, eval_dir, result_dir, episodes_dir, rows)
         if p.mpe.teachers:
             report["mpe"] = eval_mpe(p, eval_dir, rows)
-    plans = METRICS / "plans"
+    plans = paths.llm4teach_plans().metrics
     if plans.is_dir():
         report["llm_planner"] = {f.stem: json.loads(f.read_text()) for f in sorted(plans.glob("*.json"))}
-    with open_live(PLOTS / "eval") as live:
+    with open_live(out.live) as live:
         live.log_plot("success_by_policy", rows, x="success_rate", y="policy", template="bar_horizontal",
                       title="LLM4Teach: greedy success, mean over seeds (MPE: mean return)")
-    write_json(METRICS / "report.json", report)
+    write_json(out.report, report)
 
 
 if __name__ == "__main__":

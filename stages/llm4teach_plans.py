@@ -14,7 +14,8 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 # busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
 prepare_stage_process(torch_threads=1)
 
-from llm4teach_common import METRICS, MPE_KEY, PLANS, REPLIES, make_planner, task_kind  # isort: skip
+from llm4teach_common import MPE_KEY, make_planner, task_kind  # isort: skip
+import paths  # isort: skip
 
 import time
 
@@ -27,13 +28,15 @@ from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 
+OUT = paths.llm4teach_plans()
+
 
 def main() -> None:
     p = stage_params("llm4teach", LLM4TeachParams)
     torch.set_num_threads(p.teacher.threads)
     keys = list(p.train.envs) if "llm" in p.train.teachers else []
     keys += [MPE_KEY] if "llm" in p.mpe.teachers else []
-    with atomic_path(PLANS, is_dir=True) as plans_dir, atomic_path(METRICS / "plans", is_dir=True) as head_dir:
+    with atomic_path(OUT.plans, is_dir=True) as plans_dir, atomic_path(OUT.metrics, is_dir=True) as head_dir:
         for key in keys:
             kind = task_kind(key)
             planner = make_planner(key, "llm", p.teacher, offline=False)
@@ -61,7 +64,7 @@ def main() -> None:
             log.info("%s: %d texts, %d replies, invalid rate %.2f %s, error rate %.2f, mean P(oracle plan) %.2f, "
                      "%.0f s", key, stats["texts"], stats["replies"], stats["invalid_rate"], stats["invalid_reasons"],
                      stats["error_rate"], mean_p_oracle, detail["seconds"])
-    REPLIES.mkdir(parents=True, exist_ok=True)  # a DVC out even when no task asks the LLM
+    OUT.replies.mkdir(parents=True, exist_ok=True)  # a DVC out even when no task asks the LLM
 
 
 if __name__ == "__main__":

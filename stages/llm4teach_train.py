@@ -14,7 +14,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 # busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
 prepare_stage_process(torch_threads=1)
 
-from llm4teach_common import (env_id, group_name, log_iteration, make_teacher, save_run,  # isort: skip
+from llm4teach_common import (env_id, item_outputs, log_iteration, make_teacher, save_run,  # isort: skip
                           teacher_record, train_group)
 
 import functools
@@ -68,7 +68,7 @@ def main(key: str, teacher_kind: str) -> None:
     p = stage_params("llm4teach", LLM4TeachParams)
     if key not in p.train.envs or teacher_kind not in p.train.teachers:
         raise SystemExit(f"llm4teach_train: {key}-{teacher_kind} is not in llm4teach.train envs/teachers")
-    train_group(group_name(key, teacher_kind), p.train.seeds, p.workers,
+    train_group(item_outputs(key, teacher_kind), p.train.seeds, p.workers,
                 functools.partial(run_seed, key, teacher_kind))
 
 

@@ -13,7 +13,7 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 # busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
 prepare_stage_process(torch_threads=1)
 
-from llm4teach_common import (MPE_KEY, group_name, log_iteration, make_teacher, save_run,  # isort: skip
+from llm4teach_common import (MPE_KEY, item_outputs, log_iteration, make_teacher, save_run,  # isort: skip
                           teacher_record, train_group)
 
 import functools
@@ -55,7 +55,7 @@ def main(teacher_kind: str) -> None:
     p = stage_params("llm4teach", LLM4TeachParams)
     if teacher_kind not in p.mpe.teachers:
         raise SystemExit(f"llm4teach_train_mpe: {teacher_kind} is not in llm4teach.mpe.teachers")
-    train_group(group_name(MPE_KEY, teacher_kind), p.mpe.seeds, p.workers,
+    train_group(item_outputs(MPE_KEY, teacher_kind), p.mpe.seeds, p.workers,
                 functools.partial(run_seed, teacher_kind))
 
 

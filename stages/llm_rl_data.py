@@ -8,14 +8,14 @@ from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import LLM_RL  # isort: skip
+import paths  # isort: skip
 
 from llmrl.config.llm_rl import MathDataParams
 from llmrl.envs.word_problems.datasets import check_disjoint, load_hub, normalize, read_records, write_jsonl
 from llmrl.envs.word_problems.generator import generated_splits
 from llmrl.files import atomic_path, write_json
 
-OUT = LLM_RL.data
+OUT = paths.llm_rl_data().data
 HUB = {"gsm8k": ("openai/gsm8k", ["main"]),
        "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
                                               "intermediate_algebra", "number_theory", "prealgebra", "precalculus"])}

@@ -10,7 +10,7 @@ from common import log, model_spec, open_live, prepare_stage_process, stage_para
 
 prepare_stage_process()
 
-from paths import LLM_RL  # isort: skip
+import paths  # isort: skip
 
 import json
 import time
@@ -31,18 +31,18 @@ def main() -> None:
     common = stage_params("llm_rl.train", ReinforceTrainParams).common  # same model, prompt and few-shot
     seed_everything(p.seed)
     torch.set_num_threads(p.threads)
-    test = read_jsonl(LLM_RL.data / "test.jsonl")[: p.n_problems]
-    shots = read_jsonl(LLM_RL.data / "train.jsonl")[: common.few_shot]
+    test = read_jsonl(paths.llm_rl_data().data / "test.jsonl")[: p.n_problems]
+    shots = read_jsonl(paths.llm_rl_data().data / "train.jsonl")[: common.few_shot]
     base = model_spec(common.model)
     cap = p.max_new_tokens or common.answer_tokens  # the budget both variants trained with
     modes = {"greedy": SamplingConfig(max_new_tokens=cap, temperature=0.0, seed=p.seed),
              "sampled": SamplingConfig(max_new_tokens=cap, temperature=p.temperature, top_p=p.top_p, seed=p.seed)}
     rows = []
-    with open_live(LLM_RL.plots / "eval") as live, \
-            atomic_path(LLM_RL.metrics / "responses", is_dir=True) as resp_dir, \
-            atomic_path(LLM_RL.metrics / "eval", is_dir=True) as eval_dir:
+    out = paths.llm_rl_eval()
+    with open_live(out.live) as live, atomic_path(out.responses, is_dir=True) as resp_dir, \
+            atomic_path(out.eval, is_dir=True) as eval_dir:
         for name in p.models:
-            folder = None if name == "base" else LLM_RL.models / name
+            folder = None if name == "base" else paths.llm_rl_train(name).model
             if folder is not None and not folder.is_dir():
                 raise SystemExit(f"llm_rl.eval.models: {name!r} has no trained policy at {folder}")
             llm = load_policy(base, folder, device=common.device, dtype=common.dtype)

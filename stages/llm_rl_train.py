@@ -9,7 +9,8 @@ from common import ROOT, log, model_spec, open_live, prepare_stage_process, stag
 
 prepare_stage_process()
 
-from paths import LLM_RL, RESUME  # isort: skip
+import paths  # isort: skip
+from paths import RESUME  # isort: skip
 
 import json
 import shutil
@@ -29,6 +30,7 @@ from llmrl.llm import load_model
 from llmrl.seeding import seed_everything
 
 VARIANTS = ("reinforce_kl", "grpo")
+DATA = paths.llm_rl_data().data
 
 
 def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, checkpoint, identity):
@@ -80,7 +82,7 @@ def main() -> None:
     c = p.common
     seed_everything(c.seed)
     torch.set_num_threads(c.threads)
-    train = read_jsonl(LLM_RL.data / "train.jsonl")
+    train = read_jsonl(DATA / "train.jsonl")
     if len(train) <= c.few_shot:
         raise SystemExit(f"llm_rl.train.common.few_shot={c.few_shot} leaves no train problems")
     shots, problems = train[: c.few_shot], train[c.few_shot:]
@@ -89,18 +91,19 @@ def main() -> None:
     # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
     llm = load_model(spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
-    out = LLM_RL.models / variant
+    outputs = paths.llm_rl_train(variant)
+    out = outputs.model
     # Resume point (reinforce_kl): scratch, not a DVC out; resumed only by the same run (params, base model and
     # data contents, the source of every project module loaded), removed once the outputs are written.
     checkpoint = RESUME / "llm_rl_train" / variant / "checkpoint.pt"
     if variant == "reinforce_kl":
         import llmrl.algos.reinforce_kl  # noqa: F401  (loaded before project_sources: its code is in the identity)
     identity = run_identity({"variant": variant, "params": p.model_dump(mode="json")},
-                            inputs={"base_model": spec, "train": LLM_RL.data / "train.jsonl"}
-                            if Path(spec).is_dir() else {"train": LLM_RL.data / "train.jsonl"},
+                            inputs={"base_model": spec, "train": DATA / "train.jsonl"}
+                            if Path(spec).is_dir() else {"train": DATA / "train.jsonl"},
                             code=project_sources(ROOT))
     t0 = time.perf_counter()
-    with open_live(LLM_RL.plots / f"train_{variant}") as live, atomic_path(out, is_dir=True) as tmp:
+    with open_live(outputs.live) as live, atomic_path(out, is_dir=True) as tmp:
         if variant == "reinforce_kl":
             llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live, checkpoint, identity)
         else:
@@ -115,7 +118,7 @@ def main() -> None:
     tokens = [r["tokens"] for r in rollouts if r.get("tokens") is not None]
     # Headline figures; the per-iteration history is the dvclive plot and the adapter folder's rollouts. The
     # budget fields let a reader check the two variants were compared on equal terms.
-    write_json(LLM_RL.metrics / f"train_{variant}.json", {
+    write_json(outputs.metrics, {
         "samples": len(rollouts), "optimizer_steps": steps, "answer_tokens": c.answer_tokens,
         "tokens": round(float(np.mean(tokens)), 1) if tokens else None,  # generated per sample
         "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4), "seconds": round(seconds, 1)})

@@ -1,9 +1,12 @@
-"""Where the pipeline's artifacts live: one folder per kind and method, named here once.
+"""Where the pipeline's artifacts live, named here once: one folder per kind and method, and every stage's outputs.
 
 Every stage writes under ``<kind>/<method>/`` (kind: data, models, metrics, plots; method: the names of the
-params sections, see README "Layout"); a stage script takes its folders from here and adds only its own leaf
-names, which dvc.yaml declares as the stage's outs (tests/test_stage_paths.py checks that every out of dvc.yaml
-lies in a folder named here, and that no stage script spells a folder itself).
+params sections, see README "Layout"). Each stage has a function here, named like the stage and taking the
+arguments of its ``cmd`` in dvc.yaml, that returns its outputs by role; the stage script writes there, and a stage
+reading another's results asks that stage's function (``glam_symbolic().model``). dvc.yaml declares the same paths
+as the stage's outs, metrics and plots, which DVC needs spelled out; tests/test_stage_paths.py resolves every
+stage of dvc.yaml (foreach items included) and checks that its declared outputs and this module's agree both ways,
+and that no stage script spells a folder or reaches into the method folders itself.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("data", "models", "metrics", "plots")
+CACHE = ROOT / ".cache"  # library caches (HF, Prefect, matplotlib, ...): ignored by git and DVC
+RESUME = CACHE / "resume"  # restart points of long trainings: scratch, never a DVC out
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,152 @@ class Folders:
 
 GLAM, LLM_RL, LLM4TEACH, KALM, PROPS = (Folders(n) for n in ("glam", "llm_rl", "llm4teach", "kalm", "props"))
 BASELINES = Folders("baselines")  # the BabyAI bot and random policy (stage eval_baselines)
-BASE_LLM = ROOT / "models" / "base_llm"  # the base model every LLM stage starts from (stage base_llm)
-DEMOS = ROOT / "data" / "demos"  # BabyAI bot demonstrations (stage demos)
-REPORTS = ROOT / "reports"  # the results page (stage report)
-CACHE = ROOT / ".cache"  # library caches (HF, Prefect, matplotlib, ...): ignored by git and DVC
-RESUME = CACHE / "resume"  # restart points of long trainings: scratch, never a DVC out
 FOLDERS = (GLAM, LLM_RL, LLM4TEACH, KALM, PROPS, BASELINES)
+SHARED = {"base_llm": ROOT / "models" / "base_llm", "demos": ROOT / "data" / "demos", "reports": ROOT / "reports"}
+
+
+class Outputs(dict):
+    """One stage's outputs by role (``out.model`` or ``out["model"]``); a dvclive folder's role is ``live``."""
+
+    def __init__(self, stage: str, **paths: Path):
+        super().__init__(paths)
+        self.stage = stage
+
+    def __getattr__(self, role: str) -> Path:
+        try:
+            return self[role]
+        except KeyError:
+            raise AttributeError(f"stage {self.stage} has no output {role!r} (it has {sorted(self)})") from None
+
+
+# --- shared stages ---------------------------------------------------------------------------------------------
+def base_llm() -> Outputs:
+    return Outputs("base_llm", model=SHARED["base_llm"])
+
+
+def demos() -> Outputs:
+    return Outputs("demos", demos=SHARED["demos"])
+
+
+def eval_baselines() -> Outputs:
+    return Outputs("eval_baselines", eval=BASELINES.metrics / "eval", episodes=BASELINES.metrics / "episodes",
+                   live=BASELINES.plots / "eval")
+
+
+def report() -> Outputs:
+    return Outputs("report", page=SHARED["reports"])
+
+
+# --- LLM_RL ------------------------------------------------------------------------------------------------------
+def llm_rl_data() -> Outputs:
+    return Outputs("llm_rl_data", data=LLM_RL.data)
+
+
+def llm_rl_train(variant: str) -> Outputs:
+    return Outputs(f"llm_rl_train@{variant}", model=LLM_RL.models / variant,
+                   metrics=LLM_RL.metrics / f"train_{variant}.json", live=LLM_RL.plots / f"train_{variant}")
+
+
+def llm_rl_eval() -> Outputs:
+    return Outputs("llm_rl_eval", responses=LLM_RL.metrics / "responses", eval=LLM_RL.metrics / "eval",
+                   live=LLM_RL.plots / "eval")
+
+
+# --- GLAM --------------------------------------------------------------------------------------------------------
+def glam_train(item: str) -> Outputs:
+    return Outputs(f"glam_train@{item}", model=GLAM.models / item, metrics=GLAM.metrics / "train" / f"{item}.json",
+                   live=GLAM.plots / "train" / item)
+
+
+def glam_bc() -> Outputs:
+    return Outputs("glam_bc", model=GLAM.models / "bc", metrics=GLAM.metrics / "bc.json")
+
+
+def glam_symbolic() -> Outputs:
+    return Outputs("glam_symbolic", model=GLAM.models / "symbolic", metrics=GLAM.metrics / "symbolic.json")
+
+
+def glam_eval() -> Outputs:
+    return Outputs("glam_eval", eval=GLAM.metrics / "eval", episodes=GLAM.metrics / "episodes",
+                   live=GLAM.plots / "eval")
+
+
+def glam_generalisation() -> Outputs:
+    return Outputs("glam_generalisation", metrics=GLAM.metrics / "generalisation",
+                   prompts=GLAM.metrics / "generalisation_prompts", live=GLAM.plots / "generalisation")
+
+
+# --- LLM4Teach ---------------------------------------------------------------------------------------------------
+def llm4teach_plans() -> Outputs:
+    return Outputs("llm4teach_plans", replies=LLM4TEACH.data / "replies", plans=LLM4TEACH.data / "plans",
+                   metrics=LLM4TEACH.metrics / "plans")
+
+
+def llm4teach_train(env: str, teacher: str) -> Outputs:
+    group = f"{env}-{teacher}"
+    return Outputs(f"llm4teach_train@{group}", models=LLM4TEACH.models / group,
+                   records=LLM4TEACH.metrics / "train" / group, plots=LLM4TEACH.plots / "train" / group)
+
+
+def llm4teach_train_mpe(teacher: str) -> Outputs:
+    return Outputs(f"llm4teach_train_mpe@{teacher}", **llm4teach_train("mpe", teacher))
+
+
+def llm4teach_eval() -> Outputs:
+    return Outputs("llm4teach_eval", eval=LLM4TEACH.metrics / "eval", episodes=LLM4TEACH.metrics / "episodes",
+                   result=LLM4TEACH.metrics / "result", report=LLM4TEACH.metrics / "report.json",
+                   live=LLM4TEACH.plots / "eval")
+
+
+# --- KALM --------------------------------------------------------------------------------------------------------
+def kalm_data() -> Outputs:
+    return Outputs("kalm_data", real=KALM.data / "real", metrics=KALM.metrics / "data.json")
+
+
+def kalm_ground() -> Outputs:
+    return Outputs("kalm_ground", model=KALM.models / "grounded", plots=KALM.plots / "ground",
+                   metrics=KALM.metrics / "ground.json")
+
+
+def kalm_imagine(benchmark: str, level: str) -> Outputs:
+    name = f"{benchmark}_{level}"
+    return Outputs(f"kalm_imagine@{benchmark}-{level}", data=KALM.data / "imagine" / f"{name}.h5",
+                   report=KALM.data / "imagine_report" / f"{name}.json", metrics=KALM.metrics / f"imagine_{name}.json")
+
+
+def kalm_offline(algo: str, data: str) -> Outputs:
+    group = f"{algo}-{data}"
+    return Outputs(f"kalm_offline@{group}", models=KALM.models / "offline" / group,
+                   plots=KALM.plots / "offline" / group)
+
+
+def kalm_eval() -> Outputs:
+    return Outputs("kalm_eval", eval=KALM.metrics / "eval", headline=KALM.metrics / "headline.json",
+                   live=KALM.plots / "eval")
+
+
+# --- ProPS -------------------------------------------------------------------------------------------------------
+def props_search(task: str) -> Outputs:
+    return Outputs(f"props_search@{task}", runs=PROPS.data / "search" / task,
+                   replies=PROPS.data / "replies" / f"search-{task}", curves=PROPS.plots / "search" / task)
+
+
+def props_baselines() -> Outputs:
+    return Outputs("props_baselines", runs=PROPS.data / "baselines", curves=PROPS.plots / "baselines")
+
+
+def props_grpo() -> Outputs:
+    return Outputs("props_grpo", adapter=PROPS.models / "grpo", data=PROPS.data / "grpo",
+                   metrics=PROPS.metrics / "grpo.json", live=PROPS.plots / "grpo")
+
+
+def props_transfer() -> Outputs:
+    return Outputs("props_transfer", runs=PROPS.data / "transfer",
+                   replies_base=PROPS.data / "replies" / "transfer-base",
+                   replies_tuned=PROPS.data / "replies" / "transfer-tuned")
+
+
+def props_eval() -> Outputs:
+    return Outputs("props_eval", metrics=PROPS.metrics / "eval", report=PROPS.plots / "report.json",
+                   environment=PROPS.plots / "environment.json", videos=PROPS.plots / "videos",
+                   curves=PROPS.plots / "curves")

@@ -9,7 +9,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import PROPS  # isort: skip
+import paths  # isort: skip
 
 from props_common import log_curves  # isort: skip
 
@@ -36,7 +36,8 @@ def main() -> None:
     budget = search.iterations * search.episodes_per_eval
     # PPO's 64x64 MLP gains nothing from several threads; on a shared CPU they only add synchronisation waits.
     torch.set_num_threads(1)
-    with atomic_path(PROPS.data / "baselines", is_dir=True) as out:
+    outputs = paths.props_baselines()
+    with atomic_path(outputs.runs, is_dir=True) as out:
         for key in search.tasks:
             task = get_task(key)
             cap = search.max_episode_steps.get(task.key)
@@ -70,7 +71,7 @@ def main() -> None:
                          mine[0]["rows"][-1]["episodes"], time.perf_counter() - start)
             ev.close()
             write_json(out / f"{task.key}.json", {"task": task.key, "budget_episodes": budget, "runs": runs})
-            log_curves(PROPS.plots / "baselines" / task.key, runs)
+            log_curves(outputs.curves / task.key, runs)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import PROPS  # isort: skip
+import paths  # isort: skip
 
 from props_common import log_curves  # isort: skip
 
@@ -29,7 +29,7 @@ from llmrl.eval.props import headline
 from llmrl.fingerprint import environment_fingerprint, fingerprint_line
 from llmrl.files import atomic_path, write_json
 
-DATA = PROPS.data
+OUT = paths.props_eval()
 
 
 def compact(h: dict) -> dict:
@@ -50,19 +50,18 @@ def main() -> None:
     kw = dict(statistic=ev.statistic, confidence=ev.confidence, reps=ev.reps)
     report: dict = {"env": fingerprint_line(), "statistic": ev.statistic, "confidence": ev.confidence,
                     "held_out_episodes": search.eval_episodes, "tasks": {}}
-    transfer = json.loads((DATA / "transfer" / "runs.json").read_text())
-    with atomic_path(PROPS.metrics / "eval", is_dir=True) as mdir, \
-            atomic_path(PROPS.plots / "videos", is_dir=True) as vdir:
+    transfer = json.loads((paths.props_transfer().runs / "runs.json").read_text())
+    with atomic_path(OUT.metrics, is_dir=True) as mdir, atomic_path(OUT.videos, is_dir=True) as vdir:
         for key in search.tasks:
-            runs = json.loads((DATA / "search" / key / "runs.json").read_text())["runs"]
-            runs += json.loads((DATA / "baselines" / f"{key}.json").read_text())["runs"]
+            runs = json.loads((paths.props_search(key).runs / "runs.json").read_text())["runs"]
+            runs += json.loads((paths.props_baselines().runs / f"{key}.json").read_text())["runs"]
             runs += [r for r in transfer["runs"] if r["task"] == key and r["optimizer"] == "tuned"]
             methods = list(dict.fromkeys(r["method"] for r in runs))
             table = {m: headline([r for r in runs if r["method"] == m], **kw) for m in methods}
             report["tasks"][key] = table
             for m, h in table.items():
                 write_json(mdir / key / f"{m}.json", compact(h))
-            log_curves(PROPS.plots / "curves" / key, runs)
+            log_curves(OUT.curves / key, runs)
             for m, h in table.items():
                 log.info("%s %-14s held-out %.2f [%.2f, %.2f], best in search %.2f, %d episodes%s", key, m,
                          h["final"]["value"], h["final"]["ci_low"], h["final"]["ci_high"], h["best_search_return"],
@@ -85,8 +84,8 @@ def main() -> None:
         for k, v in tr_table.items():
             for o, h in v.items():
                 write_json(mdir / "transfer" / k / f"{o}.json", compact(h))
-    write_json(PROPS.plots / "report.json", report)
-    write_json(PROPS.plots / "environment.json", environment_fingerprint())
+    write_json(OUT.report, report)
+    write_json(OUT.environment, environment_fingerprint())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from common import log, model_spec, open_live, prepare_stage_process, stage_para
 
 prepare_stage_process()
 
-from paths import PROPS  # isort: skip
+import paths  # isort: skip
 
 import json
 import tempfile
@@ -30,10 +30,8 @@ from llmrl.files import write_json, write_text
 from llmrl.llm import load_model
 from llmrl.seeding import seed_everything
 
-ADAPTER = PROPS.models / "grpo"
-DATA = PROPS.data / "grpo"
-METRICS = PROPS.metrics / "grpo.json"
-PLOTS = PROPS.plots / "grpo"
+OUT = paths.props_grpo()
+ADAPTER, DATA, METRICS, PLOTS = OUT.adapter, OUT.data, OUT.metrics, OUT.live
 
 
 def jsonl(rows) -> str:

@@ -11,7 +11,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import PROPS  # isort: skip
+import paths  # isort: skip
 
 import json
 import sys
@@ -35,11 +35,12 @@ def main(task_key: str) -> None:
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
     task = get_task(task_key)
+    out = paths.props_search(task_key)
     seed_everything(0)
     torch.set_num_threads(llm_p.threads)
     # The spec stays as written in params (relative to the repository root, where DVC runs the stage), so the
     # reply-cache keys are the same in every clone.
-    optimizer = build_optimizer_llm(llm_p, cache_dir=PROPS.data / "replies" / f"search-{task.key}")
+    optimizer = build_optimizer_llm(llm_p, cache_dir=out.replies)
     states = []
     rows = []
     start = time.perf_counter()
@@ -64,15 +65,14 @@ def main(task_key: str) -> None:
                  task.key, st.method, st.seed, st.best_return, float(np.mean(final)), st.parse_failures,
                  st.llm_calls, st.fallbacks)
     ev.close()
-    out = PROPS.data / "search" / task.key
-    with atomic_path(out, is_dir=True) as tmp:
+    with atomic_path(out.runs, is_dir=True) as tmp:
         write_json(tmp / "runs.json", {"task": task.key, "model": optimizer.label, "wall_seconds": wall,
                                        "iterations": search.iterations, "runs": runs})
         with (tmp / "records.jsonl").open("w") as fh:
             for st in states:
                 for rec in st.records:
                     fh.write(json.dumps(rec) + "\n")
-    log_curves(PROPS.plots / "search" / task.key, runs)
+    log_curves(out.curves, runs)
     log.info("props_search %s: %d searches x %d iterations in %.1f s", task.key, len(states), search.iterations, wall)
 
 

@@ -11,7 +11,8 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import PROPS, ROOT  # isort: skip
+import paths  # isort: skip
+from paths import ROOT  # isort: skip
 
 import gc
 import time
@@ -25,7 +26,8 @@ from llmrl.envs.control import get_task
 from llmrl.files import write_json
 from llmrl.seeding import seed_everything
 
-ADAPTER = PROPS.models / "grpo"
+ADAPTER = paths.props_grpo().adapter
+OUT = paths.props_transfer()
 
 
 def main() -> None:
@@ -44,7 +46,7 @@ def main() -> None:
     eval_seeds = held_out_seeds(search)
     for name, adapter in optimizers.items():
         seed_everything(0)
-        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=PROPS.data / "replies" / f"transfer-{name}")
+        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=OUT[f"replies_{name}"])
         for key in tr.tasks:
             task = get_task(key)
             states, rows = [], []
@@ -65,7 +67,7 @@ def main() -> None:
                      sum(s.llm_calls for s in states))
         del opt
         gc.collect()
-    write_json(PROPS.data / "transfer" / "runs.json", results)
+    write_json(OUT.runs / "runs.json", results)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
 
 prepare_stage_process()
 
-from paths import REPORTS  # isort: skip
+import paths  # isort: skip
 
 import time
 
@@ -19,6 +19,8 @@ from llmrl.config.report import ReportParams
 from llmrl.files import atomic_path
 from llmrl.report import collect_report, write_report
 
+OUT = paths.report()
+
 
 def main() -> None:
     params = stage_params("report", ReportParams)
@@ -26,9 +28,9 @@ def main() -> None:
     videos = stage_params("props.search", PropsSearchParams).video
     start = time.perf_counter()
     report = collect_report(ROOT, params.methods, props_videos=videos)
-    with atomic_path(REPORTS, is_dir=True) as out:
+    with atomic_path(OUT.page, is_dir=True) as out:
         write_report(report, out)
-    log.info("%s/index.html and summary.md: %d sections, %d not run (%.1fs)", REPORTS.name, len(report.sections),
+    log.info("%s/index.html and summary.md: %d sections, %d not run (%.1fs)", OUT.page.name, len(report.sections),
              sum(not s.ran for s in report.sections), time.perf_counter() - start)
 
 

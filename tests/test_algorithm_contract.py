@@ -249,7 +249,8 @@ def _bc_run(seed):
     before = _snapshot(_bc_params(agent))
     samples = [(GLAM_PROMPT.replace("red ball", goal), list(ACTIONS_EN), i)
                for i, goal in enumerate(("red ball", "blue key", "green box", "grey door"))]
-    train_bc(agent, samples, epochs=1, batch_size=2, lr=1e-3, seed=seed, progress=False)  # two steps: LoRA's A moves
+    rows = list(train_bc(agent, samples, epochs=1, batch_size=2, lr=1e-3, seed=seed, progress=False))
+    assert [r["step"] for r in rows] == [1, 2]  # two steps: LoRA's A moves
     return agent, before
 
 

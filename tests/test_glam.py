@@ -139,8 +139,10 @@ def test_bc_lowers_loss():
     agent = build_agent("tiny", "lora", seed=0)
     rendered = render(agent.llm, build_prompt(LABELS, ACTIONS_EN, "go to the red ball", ["You see a wall"], []))
     samples = [(rendered, candidates_for(rendered, ACTIONS_EN), 2)] * 4
-    losses = train_bc(agent, samples, epochs=5, batch_size=4, lr=1e-2, seed=0, progress=False)
-    assert losses[-1] < losses[0]
+    losses = [r["loss"] for r in train_bc(agent, samples, epochs=5, batch_size=4, lr=1e-2, seed=0, progress=False)]
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="no samples"):
+        next(train_bc(agent, [], epochs=1, batch_size=4, lr=1e-2, seed=0))
 
 
 def test_bad_params_name_the_key():

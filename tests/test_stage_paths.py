@@ -1,7 +1,9 @@
-"""Artifact folders are named in one place, stages/paths.py (issue 15, item 7): every out, metric and plot that
-dvc.yaml declares lies in one of its folders, and no stage script spells a top-level folder itself."""
+"""Output paths are named in one place, stages/paths.py (issue 15, item 7): every out, metric and plot that
+dvc.yaml declares lies in one of its folders and is what the stage's function there returns for the stage's
+command-line arguments (both ways), and no stage script spells a folder or reaches into a method's folders."""
 
 import ast
+import shlex
 import sys
 from pathlib import Path
 
@@ -29,7 +31,7 @@ def declared_outputs() -> list[tuple[str, str]]:
 
 def allowed_prefixes() -> list[str]:
     folders = [getattr(f, kind) for f in paths.FOLDERS for kind in paths.KINDS]
-    return [p.relative_to(paths.ROOT).as_posix() for p in (*folders, paths.BASE_LLM, paths.DEMOS, paths.REPORTS)]
+    return [p.relative_to(paths.ROOT).as_posix() for p in (*folders, *paths.SHARED.values())]
 
 
 @pytest.mark.parametrize("stage,path", declared_outputs(), ids=lambda x: str(x))
@@ -54,3 +56,52 @@ def test_method_folders_carry_the_params_section_names():
     sections = yaml.safe_load((ROOT / "params.yaml").read_text())
     for folders in (paths.GLAM, paths.LLM_RL, paths.LLM4TEACH, paths.KALM, paths.PROPS):
         assert folders.name in sections, folders.name
+
+
+def resolved_stages():
+    """Every stage of dvc.yaml with its foreach items expanded, as DVC resolves them."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        return [(s.addressing, s.cmd, [o.def_path for o in s.outs]) for s in repo.index.stages]
+
+
+STAGES = resolved_stages()
+
+
+def test_every_stage_of_dvc_yaml_is_resolved():
+    assert len(STAGES) >= 40 and any("@" in name for name, _, _ in STAGES)
+
+
+@pytest.mark.parametrize("name,cmd,declared", STAGES, ids=[s[0] for s in STAGES])
+def test_dvc_yaml_declares_what_paths_py_names(name, cmd, declared):
+    argv = shlex.split(cmd)
+    assert argv[:2] == ["python", f"stages/{name.split('@')[0]}.py"], cmd
+    outputs = getattr(paths, name.split("@")[0])(*argv[2:])
+    assert outputs.stage == name
+    named = {role: p.relative_to(paths.ROOT).as_posix() for role, p in outputs.items()}
+
+    def under(path, folder):  # a dvclive folder's plots are declared by their path inside it
+        return path == folder or path.startswith(folder + "/")
+
+    for path in declared:
+        assert any(under(path, p) for p in named.values()), f"{name}: dvc.yaml declares {path}, paths.py does not"
+    for role, p in named.items():
+        assert any(under(path, p) for path in declared), f"{name}: paths.py names {role}={p}, dvc.yaml does not"
+
+
+def test_outputs_name_their_stage_in_errors():
+    with pytest.raises(AttributeError, match="glam_bc has no output 'modle'"):
+        paths.glam_bc().modle
+
+
+@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda p: p.stem)
+def test_no_stage_script_reaches_into_method_folders(script):
+    # paths.GLAM.metrics / "eval" in a script would name an output outside its stage's function
+    folder_names = {"GLAM", "LLM_RL", "LLM4TEACH", "KALM", "PROPS", "BASELINES", "SHARED", "Folders", "FOLDERS"}
+    tree = ast.parse(script.read_text())
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "paths" and n.attr in folder_names}
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "paths"
+             for a in n.names if a.name in folder_names}
+    assert not used, f"{script.name} uses {sorted(used)}: ask the writing stage's function in stages/paths.py"

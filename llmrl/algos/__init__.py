@@ -5,7 +5,7 @@ per update, so a caller logs, checkpoints, measures or stops between updates wit
 ``list(train(...))`` runs it to the end). Rows share one vocabulary:
 
 - the counter: ``iteration`` (from 1) for one collection + its update (``distilled_ppo``, ``mappo``, ``ppo_llm``,
-  ``reinforce_kl``), ``step`` for one optimiser step (``grpo``, ``kalm_grounding``, ``kalm_offline``) or one
+  ``reinforce_kl``), ``step`` for one optimiser step (``bc_llm``, ``grpo``, ``kalm_grounding``, ``kalm_offline``) or one
   search iteration (``props_search``, ``blackbox``); ``frames`` counts environment steps;
 - the episodes that ended in it: ``episodes``, ``success_rate``, ``return_mean``, ``length_mean``;
 - the losses: ``loss``, ``policy_loss``, ``value_loss``, ``entropy``, ``approx_kl``, ``clipfrac``, ``grad_norm``;
@@ -13,6 +13,6 @@ per update, so a caller logs, checkpoints, measures or stops between updates wit
 
 ``ReinforceKL.train`` yields ``(row, episodes)`` (the sampled episodes are data the stage writes), and
 ``ppo_llm.train`` first yields the rows of a restored checkpoint, marked ``resumed``; in ProPS's rows
-``episodes`` is the episode budget spent so far. GLAM's behaviour cloning
-(``bc_llm.train_bc``) still returns its list of losses.
+``episodes`` is the episode budget spent so far. GLAM's behaviour cloning (``bc_llm.train_bc``) yields ``step``,
+``epoch`` and ``loss`` per optimiser step.
 """

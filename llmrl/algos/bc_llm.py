@@ -7,9 +7,8 @@ candidate set that is the same objective up to the normalisation over candidates
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -35,14 +34,17 @@ def bc_samples(agent: LLMActorCritic, episodes: Sequence[Episode], labels: dict[
 
 
 def train_bc(agent: LLMActorCritic, samples: list[tuple[str, list[str], int]], *, epochs: int, batch_size: int,
-             lr: float, seed: int, progress: bool = True) -> list[float]:
-    """Adam on the mean cross-entropy; returns the loss of every optimiser step."""
+             lr: float, seed: int, progress: bool = True) -> Iterator[dict]:
+    """Adam on the mean cross-entropy over minibatches of shuffled samples; yields one row per optimiser step
+    (``step`` from 1, ``epoch`` from 1, ``loss``)."""
+    if not samples:
+        raise ValueError("train_bc: no samples (the demonstrations hold no steps)")
     params = [p for p in agent.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
     gen = torch.Generator().manual_seed(seed)
-    losses = []
+    step = 0
     agent.train()
-    for _ in tqdm(range(epochs), desc="bc", disable=not progress):
+    for epoch in tqdm(range(1, epochs + 1), desc="bc", disable=not progress):
         perm = torch.randperm(len(samples), generator=gen).tolist()
         for start in range(0, len(perm), batch_size):
             batch = [samples[i] for i in perm[start:start + batch_size]]
@@ -52,5 +54,5 @@ def train_bc(agent: LLMActorCritic, samples: list[tuple[str, list[str], int]], *
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(float(loss.detach()))
-    return losses if losses else [float(np.nan)]
+            step += 1
+            yield {"step": step, "epoch": epoch, "loss": float(loss.detach())}
