@@ -26,6 +26,10 @@ this machine's). Stages with ``meta: {gpu: true}`` take a slot of the Prefect gl
 ``gpu`` (sized to the number of GPUs; created if missing) and get ``CUDA_VISIBLE_DEVICES`` for the GPU they
 hold. Transient failures (e.g. a lock held by another process) are retried.
 
+Prefect UI: each stage's task logs what the stage printed (the tail of its stdout and stderr) and publishes a
+markdown artifact ``stage-<name>`` with its metrics (its ``metrics:`` files in dvc.yaml), whether it ran or was
+up to date, and its wall time; each run of the flow adds a version to that artifact.
+
 Run: ``python pipelines/reproduce.py [--stages glam_eval ...] [--gpus N] [--workers N] [--remote NAME]``
 (ephemeral Prefect, no server), or against ``make prefect-ui`` with
 ``PREFECT_API_URL=http://127.0.0.1:4200/api``.
@@ -39,16 +43,20 @@ import contextlib
 import filecmp
 import hashlib
 import itertools
+import json
 import os
+import re
 import queue
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -70,6 +78,8 @@ class StageNode:
     run_cacheable: bool = True
     # The longest chain of stages (this one included) that wait on this stage's outputs: its priority for cores.
     chain: int = 1
+    # Its `metrics:` outputs (files or folders), relative to the repository root: what its artifact shows.
+    metrics: tuple[str, ...] = ()
 
 
 def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageNode]:
@@ -110,6 +120,8 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageN
                 mem_gib=float(mem),
                 run_cacheable=not any(o.persist or not (o.use_cache or o.is_metric or o.is_plot) for o in s.outs),
                 chain=chain[s],
+                metrics=tuple(os.path.relpath(o.fs_path, repo.root_dir) for o in s.outs
+                              if o.is_metric and o.is_in_repo),
             ))
         return nodes
 
@@ -170,12 +182,122 @@ def _stage_env() -> dict[str, str]:
     return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def _dvc(args: list[str], cwd: Path | str, env: dict[str, str]) -> str:
+def _tail(text: str, limit: int = 4000) -> str:
+    # A progress bar redraws its line with \r: keep each line's last state.
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))[-limit:]
+
+
+def _dvc(args: list[str], cwd: Path | str, env: dict[str, str], log=None) -> str:
+    """``dvc ARGS`` in ``cwd``; its stdout. With ``log``, the tails of its stdout and stderr (a stage's command
+    prints to both: DVC passes them through) go to that logger: the Prefect task's log."""
     proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` in {cwd} failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+                           f"{_tail(proc.stdout, 2000)}\n{_tail(proc.stderr)}")
+    if log is not None:
+        for stream, text in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            if text.strip():
+                log.info("%s of `dvc %s`:\n%s", stream, " ".join(args), _tail(text))
     return proc.stdout
+
+
+def artifact_key(stage: str) -> str:
+    """The Prefect artifact key of a stage's report: ``stage-`` and its name in lowercase letters, digits and
+    dashes (Prefect's rule for keys), e.g. ``glam_train@lora-0`` -> ``stage-glam-train-lora-0``."""
+    return "stage-" + (re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "unnamed")
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _number(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _flatten(value: object, prefix: str = ""):
+    """``(a.b.c, number)`` for every number or boolean nested in dicts and lists (list items by index)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _flatten(item, f"{prefix}.{i}" if prefix else str(i))
+    elif isinstance(value, (int, float)):
+        yield prefix or "(value)", value
+
+
+def stage_markdown(stage: str, status: str, seconds: float, files: dict[str, str | None], waited: float = 0.0,
+                   max_rows: int = 40) -> str:
+    """A stage's report as markdown: its status and wall time, then a table of the numbers in its metrics files.
+
+    ``files`` maps each metrics file (relative path) to its text, None when it is missing; JSON (YAML for
+    ``.yaml``/``.yml``). Nested numbers become ``a.b.c`` rows; after ``max_rows`` of them the rest are counted, not
+    shown. A missing or unreadable file gets a row saying so, always shown.
+    """
+    import yaml
+
+    rows: list[tuple[str, str, str]] = []
+    left_out = 0
+    shown = 0
+    for path, text in files.items():
+        if text is None:
+            rows.append((path, "*missing*", ""))
+            continue
+        try:
+            data = yaml.safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            kind = "YAML" if path.endswith((".yaml", ".yml")) else "JSON"
+            rows.append((path, f"*not {kind}: {str(exc).splitlines()[0][:80]}*", ""))
+            continue
+        numbers = list(_flatten(data))
+        if not numbers:
+            rows.append((path, "*no numbers*", ""))
+        first = True
+        for key, value in numbers:
+            if shown >= max_rows:
+                left_out += 1
+                continue
+            rows.append((path if first else "", key, _number(value)))
+            first = False
+            shown += 1
+    waiting = f" (after {waited:.1f} s waiting for cores, GPU or workspace)" if waited >= 0.05 else ""
+    lines = [f"### DVC stage `{stage}`", "", f"**{status}**, {seconds:.1f} s wall time{waiting}", ""]
+    if rows:
+        lines += ["| file | metric | value |", "|---|---|---|"]
+        lines += [f"| {_cell(f)} | {_cell(k)} | {_cell(v)} |" for f, k, v in rows]
+    else:
+        lines.append("No `metrics:` in dvc.yaml for this stage.")
+    if left_out:
+        lines += ["", f"*{left_out} more metrics left out (at most {max_rows} shown; `dvc metrics show` lists all).*"]
+    return "\n".join(lines) + "\n"
+
+
+def read_metrics_files(root: Path, metrics: tuple[str, ...] | list[str], max_files: int = 200) -> dict[str, str | None]:
+    """The text of each metrics output of a stage (a folder's JSON and YAML files, sorted), None if missing."""
+    files: dict[str, str | None] = {}
+    for rel in metrics:
+        path = root / rel
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".yaml", ".yml"))
+            if not found:
+                files[rel] = None
+            for p in found[:max_files]:
+                files[p.relative_to(root).as_posix()] = p.read_text(errors="replace")
+        else:
+            files[rel] = path.read_text(errors="replace") if path.is_file() else None
+    return files
+
+
+def _publish(name: str, status: str, seconds: float, waited: float, root: str, metrics: tuple[str, ...], log) -> None:
+    """The stage's artifact (``artifact_key(name)``) on the Prefect API; a failure here never fails the stage."""
+    try:
+        markdown = stage_markdown(name, status, seconds, read_metrics_files(Path(root), metrics), waited)
+        create_markdown_artifact(markdown=markdown, key=artifact_key(name), description=f"DVC stage `{name}`: {status}")
+    except Exception as exc:  # noqa: BLE001 - the report is a view of the stage, not part of it
+        log.warning("stage %s: could not publish its metrics artifact: %r", name, exc)
 
 
 def _git_files(repo: Path) -> set[str]:
@@ -249,26 +371,30 @@ def _gpu(gpu: bool, free_gpus: queue.Queue | None, env: dict[str, str]):
 
 @task(retries=2, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage(name: str, gpu: bool, free_gpus: queue.Queue | None, root: str = str(ROOT), cpus: int = 1,
-              cores: CoreSlots | None = None, mem_gib: float = 0.0) -> str:
+              cores: CoreSlots | None = None, mem_gib: float = 0.0, metrics: tuple[str, ...] = ()) -> str:
     """``dvc repro --single-item`` for one stage in this workspace; a GPU stage holds a GPU slot."""
     log = get_run_logger()
     env = _stage_env()
+    asked = time.monotonic()
     with cores.hold(cpus, mem_gib) if cores else contextlib.nullcontext(), _gpu(gpu, free_gpus, env) as held, \
             _workspace_lock:
+        started = time.monotonic()
         log.info("dvc repro --single-item %s%s", name, f" on GPU {held}" if held is not None else "")
-        out = _dvc(["repro", "--single-item", name], root, env)
-    log.info(out[-4000:])
-    return "cached" if "didn't change, skipping" in out else "ran"
+        out = _dvc(["repro", "--single-item", name], root, env, log)
+    status = "cached" if "didn't change, skipping" in out else "ran"
+    _publish(name, "ran in this workspace" if status == "ran" else "up to date (not run)",
+             time.monotonic() - started, started - asked, root, metrics, log)
+    return status
 
 
 def _run_in_clone(clone: Path, name: str, upstream: tuple[str, ...] | list[str], remote: str | None,
-                  env: dict[str, str], run_cacheable: bool = True) -> str:
+                  env: dict[str, str], run_cacheable: bool = True, log=None) -> str:
     """In a clone already holding this workspace's files: fetch the stage's inputs, run it, publish it."""
     if upstream:  # the stage's inputs, as the synced dvc.lock records them
         _dvc(["pull" if remote else "checkout", *upstream], clone, env)
     if not run_cacheable:  # persisted outputs the stage continues from, as this workspace's dvc.lock records them
         _dvc(["pull" if remote else "checkout", "--force", "--allow-missing", name], clone, env)
-    out = _dvc(["repro", "--single-item", name], clone, env)
+    out = _dvc(["repro", "--single-item", name], clone, env, log)
     if remote:
         _dvc(["push", *(["--run-cache"] if run_cacheable else []), name], clone, env)
         _run_python(f"push_uncached_outs({str(clone)!r}, {name!r}, {remote!r})", clone, env)
@@ -355,13 +481,16 @@ def _up_to_date(name: str, root: str, env: dict[str, str]) -> bool:
 @task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: int, free_gpus: queue.Queue | None,
                        clones: queue.Queue, cores: CoreSlots, root: str, remote: str | None,
-                       mem_gib: float = 0.0, run_cacheable: bool = True, priority: int = 0) -> str:
+                       mem_gib: float = 0.0, run_cacheable: bool = True, priority: int = 0,
+                       metrics: tuple[str, ...] = ()) -> str:
     """Run one stage in a free clone, then restore its result in this workspace from DVC's run-cache (or, for a
     stage with a ``persist`` output, from the clone's dvc.lock entry), so no stage holds this workspace's DVC
     lock while it computes."""
     log = get_run_logger()
     env = _stage_env()
+    asked = time.monotonic()
     if _up_to_date(name, root, env):  # its upstream stages are done; a second of DVC needs no core slot
+        _publish(name, "up to date (not run)", time.monotonic() - asked, 0.0, root, metrics, log)
         return "cached"
     clone = None
     try:
@@ -369,17 +498,21 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
         with cores.hold(cpus, mem_gib, priority):
             clone = clones.get()
             with _gpu(gpu, free_gpus, env) as held:
+                started = time.monotonic()
                 with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
                     sync_clone(Path(root), clone, remote)
                 log.info("dvc repro --single-item %s in %s%s", name, clone.name,
                          f" on GPU {held}" if held is not None else "")
-                out = _run_in_clone(clone, name, upstream, remote, env, run_cacheable)
-                log.info(out[-4000:])
+                out = _run_in_clone(clone, name, upstream, remote, env, run_cacheable, log)
         # The cores are free again: the restore (a few seconds of DVC, one at a time) need not hold back the
         # next stage. The clone stays taken until this workspace holds the result: a sync before that would
         # find the stage's outputs unknown to this workspace's .gitignore files and delete them from the clone.
-        return _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out,
-                        clone=None if run_cacheable else clone)
+        status = _restore(name, root, remote, env, str(clone), ran="didn't change, skipping" not in out,
+                          clone=None if run_cacheable else clone)
+        how = "DVC's run-cache" if run_cacheable else "the clone's dvc.lock entry"
+        _publish(name, f"ran in clone {clone.name}, restored here from {how}" if status == "ran"
+                 else "up to date (not run)", time.monotonic() - started, started - asked, root, metrics, log)
+        return status
     finally:
         if clone is not None:
             clones.put(clone)
@@ -431,8 +564,7 @@ def run_stage_flow(stage: str, upstream: list[str], git_url: str, commit: str, f
             lines += [f"['remote \"{remote}\"']", f"    url = {remote_url}"]
         (clone / ".dvc" / "config.local").write_text("\n".join(lines) + "\n")
         log.info("dvc repro --single-item %s in %s", stage, clone)
-        out = _run_in_clone(clone, stage, upstream, remote, env)
-        log.info(out[-4000:])
+        out = _run_in_clone(clone, stage, upstream, remote, env, log=log)
         return "cached" if "didn't change, skipping" in out else "ran"
 
 
@@ -457,13 +589,16 @@ def _slot_lock(base: Path):
 
 @task(retries=1, retry_delay_seconds=15, task_run_name="dvc:{name}", cache_policy=NO_CACHE)
 def run_stage_on_pool(name: str, upstream: tuple[str, ...], root: str, deployment: str, git_url: str, remote: str,
-                      remote_url: str | None) -> str:
+                      remote_url: str | None, metrics: tuple[str, ...] = ()) -> str:
     """Run one stage as a flow run of the ``llmrl-stage`` deployment (a worker of its pool picks it up),
     then restore its result here through the DVC remote."""
     from prefect.deployments import run_deployment
 
+    log = get_run_logger()
     env = _stage_env()
+    started = time.monotonic()
     if _up_to_date(name, root, env):
+        _publish(name, "up to date (not run)", time.monotonic() - started, 0.0, root, metrics, log)
         return "cached"
     with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
         commit, files = workspace_overlay(Path(root))
@@ -473,7 +608,11 @@ def run_stage_on_pool(name: str, upstream: tuple[str, ...], root: str, deploymen
     if not run.state or not run.state.is_completed():
         raise RuntimeError(f"stage {name}: flow run {run.name} of {deployment} ended {run.state}")
     # Whether the worker ran it or found it up to date, this workspace was not: its result is the worker's.
-    return _restore(name, root, remote, env, f"flow run {run.name}", ran=True)
+    status = _restore(name, root, remote, env, f"flow run {run.name}", ran=True)
+    # The stage's output is in that flow run's log (the worker's); its metrics are here now.
+    _publish(name, f"ran by flow run {run.name} of {deployment}, restored here" if status == "ran"
+             else "up to date (not run)", time.monotonic() - started, 0.0, root, metrics, log)
+    return status
 
 
 def push_uncached_outs(root: str, name: str, remote: str) -> None:
@@ -568,14 +707,16 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
         tags = ["gpu"] if node.gpu else []
         if pool and node.run_cacheable:  # the pool's workers hold their machines' cores and GPUs
             futures[node.name] = run_stage_on_pool.with_options(tags=tags).submit(
-                node.name, node.upstream, root, pool, git_url or root, remote, remote_url, wait_for=upstream)
+                node.name, node.upstream, root, pool, git_url or root, remote, remote_url, node.metrics,
+                wait_for=upstream)
         elif workers:
             futures[node.name] = run_stage_in_clone.with_options(tags=tags).submit(
                 node.name, node.upstream, node.gpu, node.cpus, free_gpus, clones, cores, root, remote,
-                node.mem_gib, node.run_cacheable, node.chain, wait_for=upstream)
+                node.mem_gib, node.run_cacheable, node.chain, node.metrics, wait_for=upstream)
         else:  # here, in turn (holding its cores when stages run side by side)
             futures[node.name] = run_stage.with_options(tags=tags).submit(
-                node.name, node.gpu, free_gpus, root, node.cpus, cores, node.mem_gib, wait_for=upstream)
+                node.name, node.gpu, free_gpus, root, node.cpus, cores, node.mem_gib, node.metrics,
+                wait_for=upstream)
     return {name: fut.result() for name, fut in futures.items()}
 
 

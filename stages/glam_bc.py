@@ -42,7 +42,7 @@ def main() -> None:
         episodes = [reader[i] for i in range(p.bc.episodes)]
     env = make_env(p.train.env_id)
     build = {"model": p.model, "variant": "lora", "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
-             "lora_dropout": p.lora.dropout, "temperature": p.policy.temperature,
+             "lora_dropout": p.lora.dropout, "lora_layers": p.lora.layers, "temperature": p.policy.temperature,
              "length_norm": p.policy.length_norm, "seed": p.bc.seed}
     agent = build_agent(**build)
     samples = bc_samples(agent, episodes, env.get_wrapper_attr("labels"), env.get_wrapper_attr("action_texts"),

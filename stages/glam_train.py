@@ -38,7 +38,7 @@ def main() -> None:
     torch.set_num_threads(p.threads)
     t = p.train
     build = {"model": p.model, "variant": variant, "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
-             "lora_dropout": p.lora.dropout, "temperature": p.policy.temperature,
+             "lora_dropout": p.lora.dropout, "lora_layers": p.lora.layers, "temperature": p.policy.temperature,
              "length_norm": p.policy.length_norm, "seed": seed}
     agent = build_agent(**build)
     model_dir = ROOT / p.model

@@ -174,3 +174,45 @@ def test_time_limit_truncation_is_bootstrapped_with_the_cut_state_value():
             # The bot-free tiny agent fails these levels: the env reward is 0, so the reward is the bootstrap.
             assert buf["rewards"][1, i] != 0.0
             assert buf["rewards"][2, i] == 0.0 or buf["dones"][2, i] == 1
+
+
+def test_frozen_trunk_gives_the_full_forward_and_trains_the_top_layers_only():
+    # LoRA on the top layer of the tiny model's two: the bottom layer's outputs, captured while acting, stand in
+    # for it in every PPO epoch, and must give what the full forward gives, before and after the top moves.
+    torch.manual_seed(0)
+    agent = build_agent("tiny", "lora", lora_layers=1)
+    assert agent.trunk_start == 1
+    cfg = GlamPPO(n_envs=2, frames_per_env=4, epochs=2, minibatch_size=8, micro_batch=4, lr=1e-3)
+    batch = _batch(agent, cfg)
+    assert len(batch["trunks"]) == len(batch["prompts"]) and batch["trunks"][0].start == 1
+    prompts, cands = batch["prompts"], batch["cands"]
+
+    def both():
+        with torch.no_grad():
+            full, cached = agent(prompts, cands), agent(prompts, cands, trunks=batch["trunks"])
+        return full, cached
+
+    before = {n: p.detach().clone() for n, p in agent.named_parameters() if p.requires_grad}
+    full, cached = both()
+    torch.testing.assert_close(cached.logits, full.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(cached.values, full.values, rtol=0, atol=1e-5)
+    opt = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):  # LoRA's A gets gradient once B (zero-initialised) moved
+        ppo_update(agent, opt, batch, cfg, torch.Generator().manual_seed(1))
+    full_after, cached_after = both()
+    assert (full_after.logits - full.logits).abs().max() > 1e-3  # the update moved the policy
+    torch.testing.assert_close(cached_after.logits, full_after.logits, rtol=0, atol=1e-5)
+    trainable = [n for n, p in agent.named_parameters() if p.requires_grad]
+    assert all(".layers.1." in n for n in trainable if "lora_" in n) and any("lora_" in n for n in trainable)
+    for n, p in agent.named_parameters():
+        if p.requires_grad:
+            assert not torch.equal(before[n], p.detach()), n
+
+
+def test_trunk_states_of_other_rows_are_refused():
+    agent = build_agent("tiny", "lora", lora_layers=1)
+    batch = _batch(agent, GlamPPO(n_envs=2, frames_per_env=2))
+    with pytest.raises(ValueError, match="one trunk per prompt"):
+        agent(batch["prompts"][:2], batch["cands"][:2], trunks=batch["trunks"][:1])
+    with pytest.raises(ValueError, match="lora.layers: 3 asked, the model has 2"):
+        build_agent("tiny", "lora", lora_layers=3)

@@ -180,12 +180,13 @@ def test_grpo_update_changes_every_lora_weight_and_nothing_frozen(tmp_path):
 def test_adapter_bytes_are_stable_and_name_no_local_path(tmp_path):
     from peft import get_peft_model
 
-    from llmrl.algos.grpo import peft_lora_config
+    from llmrl.llm.load import peft_lora_config
     from llmrl.llm import save_model
 
     tiny = load_model("tiny")
     save_model(tiny.model, tiny.tokenizer, tmp_path / "base")
-    model = get_peft_model(load_model(str(tmp_path / "base")).model, peft_lora_config(LoraSettings(r=2, alpha=4)))
+    base = load_model(str(tmp_path / "base")).model
+    model = get_peft_model(base, peft_lora_config(LoraSettings(r=2, alpha=4), base))
     digests = []
     for name in ("a", "b"):
         save_adapter(model, tmp_path / name, base_model="models/base_llm")

@@ -5,6 +5,10 @@ tokens (``llmrl.llm.score_tensors``; the original summed raw logits), or optiona
 value head is the original's MLP hidden -> 1024 -> Sigmoid -> 1024 -> Sigmoid -> 1 on the hidden state of the
 prompt's last token. The NPAE variant replaces scoring with an MLP action head over the same hidden state (the
 original's ablation).
+
+With LoRA on the top layers only (``lora_layers``), the scoring head captures what the frozen layers below compute
+for each (prompt, candidates) row when it acts (``trunk_start``), and PPO's epochs run the top layers alone on
+those states (``llmrl.llm.score``'s frozen trunk).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import nn
 from llmrl.files import save_torch
 from llmrl.llm.heads import mlp_head
 from llmrl.llm.load import LLM
-from llmrl.llm.score import score_tensors, tokenize_left_padded
+from llmrl.llm.score import Trunk, score_tensors, tokenize_left_padded
 
 SYSTEM = "You are an agent in a grid world. Reply with the next action."
 
@@ -76,19 +80,23 @@ class History:
 class ActorOutput:
     logits: torch.Tensor  # [B, A] (log-probs / T for the scoring head)
     values: torch.Tensor  # [B]
+    trunks: list[Trunk] | None = None  # with capture: the frozen layers' states per row
 
 
 class LLMActorCritic(nn.Module):
     """LLM + value head (+ action head for NPAE). ``llm.model`` carries LoRA or is fully trainable."""
 
     def __init__(self, llm: LLM, *, head: str = "score", n_actions: int = 6, temperature: float = 1.0,
-                 length_norm: bool = False, seed: int = 0):
+                 length_norm: bool = False, seed: int = 0, trunk_start: int | None = None):
         super().__init__()
         if head not in ("score", "npae"):
             raise ValueError(f"LLMActorCritic: head must be 'score' or 'npae', got {head!r}")
         if temperature <= 0:
             raise ValueError(f"LLMActorCritic: temperature must be > 0, got {temperature}")
+        if trunk_start is not None and head != "score":
+            raise ValueError("LLMActorCritic: a frozen trunk (trunk_start) needs the scoring head")
         self.llm, self.head, self.temperature, self.length_norm = llm, head, temperature, length_norm
+        self.trunk_start = trunk_start  # layers below it are frozen: their outputs can be captured and reused
         self.model = llm.model  # registered so .parameters() covers the trainable LLM weights
         if llm.device.type == "cuda" and llm.dtype != torch.float32:
             # Measured on an H100 (bench/gpu.py, paper profile): with SDPA attention in bf16 the left-padded PPO
@@ -107,29 +115,40 @@ class LLMActorCritic(nn.Module):
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
         return out.hidden_states[-1][:, -1]
 
-    def forward(self, rendered: list[str], candidates: list[list[str]]) -> ActorOutput:
+    def forward(self, rendered: list[str], candidates: list[list[str]], *, trunks: list[Trunk] | None = None,
+                capture: bool = False) -> ActorOutput:
+        """Logits and values; ``capture`` also returns each row's frozen-trunk states (needs ``trunk_start``),
+        and ``trunks`` (captured for these rows) runs only the layers above them."""
+        if capture and self.trunk_start is None:
+            raise ValueError("LLMActorCritic: capture needs a frozen trunk (build the agent with lora_layers)")
         # Identical (prompt, candidates) rows are computed once: small levels repeat observations a lot, and
         # indexing the shared row back keeps the gradient exact (it sums over the copies).
         keys = [(r, tuple(c)) for r, c in zip(rendered, candidates)]
         unique = list(dict.fromkeys(keys))
         if len(unique) == len(keys):
-            return self._forward(rendered, candidates)
-        out = self._forward([k[0] for k in unique], [list(k[1]) for k in unique])
+            return self._forward(rendered, candidates, trunks, capture)
         where = {k: i for i, k in enumerate(unique)}
+        first = {k: keys.index(k) for k in unique}
+        out = self._forward([k[0] for k in unique], [list(k[1]) for k in unique],
+                            [trunks[first[k]] for k in unique] if trunks is not None else None, capture)
         rows = torch.tensor([where[k] for k in keys], device=out.logits.device)
-        return ActorOutput(logits=out.logits[rows], values=out.values[rows])
+        return ActorOutput(logits=out.logits[rows], values=out.values[rows],
+                           trunks=[out.trunks[where[k]] for k in keys] if out.trunks is not None else None)
 
-    def _forward(self, rendered: list[str], candidates: list[list[str]]) -> ActorOutput:
+    def _forward(self, rendered: list[str], candidates: list[list[str]], trunks: list[Trunk] | None = None,
+                 capture: bool = False) -> ActorOutput:
         if self.head == "npae":
             hidden = self._prompt_hidden(rendered).float()
             logits = self.action_head(hidden)
         else:
-            out = score_tensors(self.llm, rendered, candidates, return_prompt_hidden=True)
+            out = score_tensors(self.llm, rendered, candidates, return_prompt_hidden=True, trunks=trunks,
+                                trunk_start=self.trunk_start if capture else None)
             hidden = out.prompt_hidden.float()
             # length_norm: per-token mean log-prob, so one-token actions are not favoured by length alone
             score = out.logprob / out.n_tokens.clamp(min=1) if self.length_norm else out.logprob
             logits = score / self.temperature
-        return ActorOutput(logits=logits, values=self.value_head(hidden).squeeze(-1))
+        return ActorOutput(logits=logits, values=self.value_head(hidden).squeeze(-1),
+                           trunks=out.trunks if self.head == "score" else None)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Every trainable tensor (LoRA adapter or full weights, and the heads) — what a checkpoint holds."""
@@ -148,21 +167,23 @@ class LLMActorCritic(nn.Module):
 
 @torch.no_grad()
 def infer(agent: LLMActorCritic, rendered: list[str], candidates: list[list[str]],
-          memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad logits [B, A] and values [B] on the CPU.
+          memo: dict | None = None, *, capture: bool = False):
+    """No-grad logits [B, A] and values [B] on the CPU (and, with ``capture``, each row's frozen-trunk states).
 
     ``memo`` maps (prompt, candidates) to earlier results and is filled here, so each distinct prompt is
     computed once; it is valid only while the agent's weights stay fixed (one rollout, one evaluation).
     """
     memo = {} if memo is None else memo
     keys = [(r, tuple(c)) for r, c in zip(rendered, candidates)]
-    todo = list(dict.fromkeys(k for k in keys if k not in memo))
+    todo = list(dict.fromkeys(k for k in keys if k not in memo or (capture and memo[k][2] is None)))
     if todo:
         agent.eval()
-        out = agent([k[0] for k in todo], [list(k[1]) for k in todo])
+        out = agent([k[0] for k in todo], [list(k[1]) for k in todo], capture=capture)
         for i, k in enumerate(todo):
-            memo[k] = (out.logits[i].float().cpu(), out.values[i].float().cpu())
-    return torch.stack([memo[k][0] for k in keys]), torch.stack([memo[k][1] for k in keys])
+            memo[k] = (out.logits[i].float().cpu(), out.values[i].float().cpu(),
+                       out.trunks[i] if capture else None)
+    logits, values = torch.stack([memo[k][0] for k in keys]), torch.stack([memo[k][1] for k in keys])
+    return (logits, values, [memo[k][2] for k in keys]) if capture else (logits, values)
 
 
 class LLMBatchPolicy:
@@ -230,11 +251,12 @@ class LLMPolicy:
 
 
 def build_agent(model: str, variant: str, *, lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0,
-                temperature: float = 1.0, length_norm: bool = False, seed: int = 0,
+                lora_layers: int | None = None, temperature: float = 1.0, length_norm: bool = False, seed: int = 0,
                 frozen: bool = False) -> LLMActorCritic:
     """A fresh agent: ``lora`` (adapter on a frozen LLM), ``full`` (all weights trainable) or ``npae``
     (LoRA + MLP action head); ``frozen`` loads the LLM untrained and without adapter (zero-shot);
-    ``length_norm`` scores candidates by their mean instead of summed token log-prob."""
+    ``length_norm`` scores candidates by their mean instead of summed token log-prob; ``lora_layers`` puts the
+    adapters on the top layers only, and the ``lora`` variant then reuses the frozen layers' outputs in PPO."""
     from llmrl.llm.load import LoraSettings, load_model
 
     if variant not in ("lora", "full", "npae"):
@@ -245,9 +267,13 @@ def build_agent(model: str, variant: str, *, lora_r: int = 8, lora_alpha: int = 
     elif variant == "full":
         llm = load_model(model, trainable=True)
     else:
-        llm = load_model(model, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout))
+        llm = load_model(model, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout,
+                                                  layers=lora_layers))
+    n_layers = llm.model.config.num_hidden_layers
+    trunk = (n_layers - lora_layers if variant == "lora" and not frozen and lora_layers is not None
+             and lora_layers < n_layers else None)
     return LLMActorCritic(llm, head="npae" if variant == "npae" else "score", temperature=temperature,
-                          length_norm=length_norm, seed=seed)
+                          length_norm=length_norm, seed=seed, trunk_start=trunk)
 
 
 def save_agent(agent: LLMActorCritic, out_dir, meta: dict) -> None:

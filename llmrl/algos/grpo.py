@@ -31,7 +31,7 @@ import torch
 
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.files import atomic_path
-from llmrl.llm.load import LLM, LoraSettings
+from llmrl.llm.load import LLM, peft_lora_config
 
 RewardFunc = Callable[..., list[float]]
 
@@ -119,14 +119,6 @@ def recording(reward_funcs: Sequence[RewardFunc], record: list[dict], keys: Sequ
 
 
 # ------------------------------------------------------------------------------------------------ trainer
-
-
-def peft_lora_config(lora: LoraSettings):
-    from peft import LoraConfig
-
-    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
-                      task_type="CAUSAL_LM")
 
 
 def use_bf16(cfg: GRPOTrainParams, device: torch.device) -> bool:
@@ -225,7 +217,7 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
         args=args,
         train_dataset=dataset,
         processing_class=llm.tokenizer,
-        peft_config=peft_lora_config(cfg.lora) if cfg.lora is not None else None,
+        peft_config=peft_lora_config(cfg.lora, llm.model) if cfg.lora is not None else None,
     )
     trainer.remove_callback(PrinterCallback)  # rows reach the caller through train(); no prints of raw logs
     return GRPORun(trainer=trainer, truncated_prompts=n_cut, prompts=len(dataset))

@@ -69,26 +69,35 @@ def _save_checkpoint(path: Path, agent, optimizer, gen, slots, update, frames, r
                            "rng": _rng_state(gen), "slots": pickle.dumps(slots)}, identity)
 
 
+def _rendered(agent: LLMActorCritic, slots: list[EnvSlot]) -> tuple[list[str], list[list[str]]]:
+    """Every env's current prompt as the model reads it, and its candidate actions."""
+    prompts, cands = [], []
+    for s in slots:
+        p, acts = s.prompt()
+        r = render(agent.llm, p)
+        prompts.append(r)
+        cands.append(candidates_for(r, acts))
+    return prompts, cands
+
+
 def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: GlamPPO, gen: torch.Generator) -> dict:
     """``frames_per_env`` steps of every env, all envs scored as one batch per step."""
     T, N = cfg.frames_per_env, len(slots)
-    buf = {"prompts": [], "cands": [], "actions": torch.zeros(T, N, dtype=torch.long),
+    capture = agent.trunk_start is not None  # keep the frozen layers' states for the update's epochs
+    buf = {"prompts": [], "cands": [], "trunks": [], "actions": torch.zeros(T, N, dtype=torch.long),
            "logp": torch.zeros(T, N), "values": torch.zeros(T, N), "rewards": torch.zeros(T, N),
            "dones": torch.zeros(T, N)}
     finished = []
     memo: dict = {}  # the weights are fixed during a rollout: each distinct prompt is scored once
     for t in range(T):
-        prompts, cands = [], []
-        for s in slots:
-            p, acts = s.prompt()
-            r = render(agent.llm, p)
-            prompts.append(r)
-            cands.append(candidates_for(r, acts))
-        logits, values = infer(agent, prompts, cands, memo)
+        prompts, cands = _rendered(agent, slots)
+        logits, values, *trunks = infer(agent, prompts, cands, memo, capture=capture)
         dist = torch.distributions.Categorical(logits=logits)
         actions = torch.multinomial(dist.probs, 1, generator=gen).squeeze(-1)
         buf["prompts"].append(prompts)
         buf["cands"].append(cands)
+        if capture:
+            buf["trunks"].append(trunks[0])
         buf["actions"][t] = actions
         buf["logp"][t] = dist.log_prob(actions)
         buf["values"][t] = values
@@ -125,13 +134,7 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: GlamPPO, gen: torc
             cut_values = infer(agent, cut_prompts, cut_cands, memo)[1]
             for i, v in zip(cut_slots, cut_values):
                 buf["rewards"][t, i] += cfg.gamma * float(v)
-    prompts, cands = [], []
-    for s in slots:
-        p, acts = s.prompt()
-        r = render(agent.llm, p)
-        prompts.append(r)
-        cands.append(candidates_for(r, acts))
-    buf["last_value"] = infer(agent, prompts, cands, memo)[1]
+    buf["last_value"] = infer(agent, *_rendered(agent, slots), memo)[1]
     buf["episodes"] = finished
     return buf
 
@@ -139,7 +142,7 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: GlamPPO, gen: torc
 def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: dict, cfg: GlamPPO,
                gen: torch.Generator) -> dict:
     """``epochs`` passes of clipped PPO over the flattened batch; returns statistics averaged over all of them."""
-    prompts, cands = batch["prompts"], batch["cands"]
+    prompts, cands, trunks = batch["prompts"], batch["cands"], batch["trunks"]
     actions, old_logp = batch["actions"], batch["logp"]
     old_values, adv, returns = batch["values"], batch["advantages"], batch["returns"]
     n = len(prompts)
@@ -155,7 +158,8 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
             sums = {k: 0.0 for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss")}
             for mstart in range(0, len(mb), cfg.micro_batch):
                 idx = mb[mstart:mstart + cfg.micro_batch]
-                out = agent([prompts[i] for i in idx], [cands[i] for i in idx])
+                out = agent([prompts[i] for i in idx], [cands[i] for i in idx],
+                            trunks=[trunks[i] for i in idx] if trunks else None)
                 dist = torch.distributions.Categorical(logits=out.logits.float())
                 logp = dist.log_prob(actions[idx].to(out.logits.device)).cpu()
                 values = out.values.float().cpu()
@@ -184,6 +188,7 @@ def advantage_batch(buf: dict, cfg: GlamPPO) -> dict:
     adv, returns = gae(buf["rewards"], buf["values"], buf["dones"], buf["last_value"], cfg.gamma, cfg.lam)
     return {"prompts": [p for row in buf["prompts"] for p in row],
             "cands": [c for row in buf["cands"] for c in row],
+            "trunks": [t for row in buf["trunks"] for t in row],
             "actions": buf["actions"].reshape(-1), "logp": buf["logp"].reshape(-1),
             "values": buf["values"].reshape(-1), "advantages": adv.reshape(-1), "returns": returns.reshape(-1)}
 

@@ -15,3 +15,7 @@ class LoraSettings(Section):
     dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout (0 keeps on-policy log-prob ratios exact)")
     target_modules: tuple[str, ...] | str = Field(
         "all-linear", description="modules that get an adapter: peft's 'all-linear' or a list of module names")
+    layers: int | None = Field(
+        None, gt=0, description="adapters on the top N decoder layers only (peft's layers_to_transform); null: on "
+        "every layer. The layers below stay frozen, so GLAM's PPO computes their outputs once per prompt and "
+        "reuses them in every epoch (llmrl.llm.score's frozen trunk)")

@@ -209,6 +209,25 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(spec)  # hub name
 
 
+def peft_lora_config(lora: LoraSettings, model):
+    """peft's ``LoraConfig`` for ``lora`` on ``model`` (a causal LM): with ``lora.layers``, adapters on its top
+    decoder layers only."""
+    from peft import LoraConfig
+
+    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    top = {}
+    if lora.layers is not None:
+        n = model.config.num_hidden_layers
+        if lora.layers > n:
+            raise ValueError(f"lora.layers: {lora.layers} asked, the model has {n} decoder layers")
+        top = {"layers_to_transform": list(range(n - lora.layers, n)), "layers_pattern": "layers"}
+        if target == "all-linear":  # peft takes a layer selection only with module names: the layers' linears
+            target = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                             if ".layers." in name and isinstance(m, torch.nn.Linear)})
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
+                      task_type="CAUSAL_LM", **top)
+
+
 def load_model(
     spec: str,
     *,
@@ -248,14 +267,9 @@ def load_model(
     if weights_dt != dt:
         model.forward = torch.autocast(dev.type, dtype=dt)(model.forward)
     if lora is not None:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-        model = get_peft_model(
-            model,
-            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
-                       task_type="CAUSAL_LM"),
-        )
+        model = get_peft_model(model, peft_lora_config(lora, model))
         model.train()
     elif trainable:
         model.train()

@@ -4,6 +4,11 @@ score(a | c) = sum_t log softmax(logits)[a_t] over the candidate's tokens, given
 contributes exactly 0 (GLAM's original filled padding with 1.0 and summed raw logits; both are fixed here).
 The candidate's tokens are those of the candidate string tokenised on its own and appended to the prompt's
 tokens, as Lamorel and GLAM do; the naive reference below uses the very same token ids.
+
+Frozen trunk: when only the layers from ``trunk_start`` up train (LoRA on the top layers), what the layers below
+compute for a (prompt, candidates) row never changes. ``score_tensors(..., trunk_start=k)`` returns those hidden
+states (one ``Trunk`` per row, captured from the same forward passes), and ``score_tensors(..., trunks=...)``
+runs only layers k.. on them, so PPO's epochs and minibatches cost the top layers alone (issue 12, item 2).
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import DynamicCache
 
 from llmrl.llm.load import LLM
@@ -39,6 +48,48 @@ class ScoreOutput:
     logprob: torch.Tensor  # [B, C] summed log-probs
     n_tokens: torch.Tensor  # [B, C]
     prompt_hidden: torch.Tensor | None  # [B, H] last-layer hidden state at the prompt's last token
+    trunks: list[Trunk] | None = None  # with trunk_start: what the frozen layers computed, one per prompt
+
+
+@dataclass
+class Trunk:
+    """The hidden states entering decoder layer ``start`` for one prompt and its candidates (no padding, no grad):
+    the frozen layers' whole contribution to that row's scores."""
+
+    start: int
+    prompt: torch.Tensor  # [P, H] at the prompt's tokens
+    candidates: list[torch.Tensor]  # C x [L_c, H] at each candidate's tokens, given the prompt
+
+
+def decoder_layers_of(model) -> nn.Module:
+    """The module holding a causal LM's decoder stack as ``.layers`` (through a peft wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(base, "model", None)
+    if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
+        raise ValueError(f"frozen trunk: {type(base).__name__} has no decoder stack at .model.layers")
+    return inner
+
+
+@contextlib.contextmanager
+def top_layers(model, start: int) -> Iterator[None]:
+    """Run ``model`` on ``inputs_embeds`` = the hidden states entering layer ``start``: the stack is cut to layers
+    ``start``.. for the block (their KV-cache slots renumbered from 0), embeddings skipped, the final norm and LM
+    head kept. transformers has no entry point mid-stack, hence the temporary cut."""
+    inner = decoder_layers_of(model)
+    layers = inner.layers
+    if not 0 < start < len(layers):
+        raise ValueError(f"frozen trunk: start must be in 1..{len(layers) - 1}, got {start}")
+    top = list(layers)[start:]
+    indices = [layer.self_attn.layer_idx for layer in top]
+    inner.layers = nn.ModuleList(top)
+    for i, layer in enumerate(top):
+        layer.self_attn.layer_idx = i
+    try:
+        yield
+    finally:
+        for layer, i in zip(top, indices):
+            layer.self_attn.layer_idx = i
+        inner.layers = layers
 
 
 def tokenize_left_padded(tokenizer, texts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,12 +128,18 @@ def score_tensors(
     candidates: Sequence[Sequence[str]],
     *,
     return_prompt_hidden: bool = False,
+    trunk_start: int | None = None,
+    trunks: Sequence[Trunk] | None = None,
 ) -> ScoreOutput:
     """Summed log-probs of ``candidates[i][j]`` after rendered text ``prompts[i]``, one forward per prompt.
 
     All prompts must offer the same number of candidates (pad the list upstream otherwise). Gradients flow
-    when the model has trainable parameters and grad is enabled.
+    when the model has trainable parameters and grad is enabled. ``trunk_start`` also returns each row's
+    ``Trunk`` (hidden states entering that layer); ``trunks`` (captured earlier for these very rows, with the
+    layers below their ``start`` unchanged since) runs only the layers from there.
     """
+    if trunks is not None:
+        return _score_from_trunks(llm, prompts, candidates, trunks, return_prompt_hidden)
     n_prompts = len(prompts)
     if n_prompts == 0:
         raise ValueError("score: no prompts")
@@ -102,10 +159,9 @@ def score_tensors(
         position_ids=prompt_pos,
         past_key_values=cache,
         use_cache=True,
-        output_hidden_states=return_prompt_hidden,
+        output_hidden_states=return_prompt_hidden or trunk_start is not None,
         logits_to_keep=1,  # only the last position's logits are used; the vocab projection dominates small models
     )
-    first_logp = F.log_softmax(out.logits[:, -1].float(), dim=-1)  # [B, V]: predicts each candidate's 1st token
     hidden = out.hidden_states[-1][:, -1] if return_prompt_hidden else None
     cache = out.past_key_values
 
@@ -121,9 +177,23 @@ def score_tensors(
         position_ids=cand_pos,
         past_key_values=cache,
         use_cache=True,
+        output_hidden_states=trunk_start is not None,
     )
+    captured = None
+    if trunk_start is not None:
+        hp, hc = out.hidden_states[trunk_start].detach(), cand_out.hidden_states[trunk_start].detach()
+        p_len, c_len = prompt_mask.sum(-1).tolist(), cand_mask.sum(-1).tolist()
+        captured = [Trunk(trunk_start, hp[i, hp.shape[1] - p_len[i]:].clone(),
+                          [hc[j, : c_len[j]].clone() for j in range(i * n_cand, (i + 1) * n_cand)])
+                    for i in range(n_prompts)]
+    return _candidate_scores(out.logits, cand_out.logits, cand_ids, cand_mask, n_prompts, n_cand, hidden, captured)
+
+
+def _candidate_scores(prompt_logits, cand_logits, cand_ids, cand_mask, n_prompts, n_cand, hidden,
+                      trunks=None) -> ScoreOutput:
+    first_logp = F.log_softmax(prompt_logits[:, -1].float(), dim=-1)  # [B, V]: predicts each candidate's 1st token
     # Token t of a candidate is predicted by the prompt's last logits (t = 0) or candidate position t-1.
-    rest_logp = F.log_softmax(cand_out.logits[:, :-1].float(), dim=-1)
+    rest_logp = F.log_softmax(cand_logits[:, :-1].float(), dim=-1)
     token_logp = torch.cat(
         [
             first_logp.repeat_interleave(n_cand, dim=0).gather(-1, cand_ids[:, :1]),
@@ -136,7 +206,51 @@ def score_tensors(
         logprob=token_logp.sum(-1).view(n_prompts, n_cand),
         n_tokens=cand_mask.sum(-1).view(n_prompts, n_cand),
         prompt_hidden=hidden,
+        trunks=trunks,
     )
+
+
+def _score_from_trunks(llm: LLM, prompts, candidates, trunks: Sequence[Trunk], return_prompt_hidden: bool
+                       ) -> ScoreOutput:
+    """``score_tensors`` from captured trunks: the same two passes (prompts, then candidates on the prompts' KV
+    cache) through layers ``start``.. only, on the stored hidden states laid out as the token ids would be."""
+    model, dev = llm.model, llm.device
+    n_prompts, n_cand = len(prompts), len(candidates[0])
+    if len(trunks) != n_prompts or any(len(t.candidates) != n_cand for t in trunks):
+        raise ValueError("score: one trunk per prompt, with one hidden-state block per candidate")
+    starts = {t.start for t in trunks}
+    if len(starts) != 1:
+        raise ValueError(f"score: trunks captured at different layers {sorted(starts)}")
+    start = starts.pop()
+    width, dim = max(t.prompt.shape[0] for t in trunks), trunks[0].prompt.shape[1]
+    prompt_h = torch.zeros(n_prompts, width, dim, dtype=trunks[0].prompt.dtype, device=dev)
+    prompt_mask = torch.zeros(n_prompts, width, dtype=torch.long, device=dev)
+    for i, t in enumerate(trunks):  # left padding, as tokenize_left_padded lays out the ids
+        prompt_h[i, width - t.prompt.shape[0]:] = t.prompt
+        prompt_mask[i, width - t.prompt.shape[0]:] = 1
+    flat = [c for cands in candidates for c in cands]
+    cand_ids, cand_mask = _tokenize_candidates(llm.tokenizer, flat, dev)
+    cand_h = torch.zeros(len(flat), cand_ids.shape[1], dim, dtype=prompt_h.dtype, device=dev)
+    for j, h in enumerate(c for t in trunks for c in t.candidates):
+        if h.shape[0] != int(cand_mask[j].sum()):
+            raise ValueError(f"score: trunk of candidate {flat[j]!r} has {h.shape[0]} positions, its tokens "
+                             f"{int(cand_mask[j].sum())}: the trunks belong to other rows")
+        cand_h[j, : h.shape[0]] = h
+    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    with top_layers(model, start):
+        cache = DynamicCache()
+        out = model(inputs_embeds=prompt_h, attention_mask=prompt_mask, position_ids=prompt_pos,
+                    past_key_values=cache, use_cache=True, output_hidden_states=return_prompt_hidden,
+                    logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n_cand)
+        lens = prompt_mask.sum(-1).repeat_interleave(n_cand)
+        cand_pos = lens[:, None] + torch.arange(cand_ids.shape[1], device=dev)[None]
+        full_mask = torch.cat([prompt_mask.repeat_interleave(n_cand, dim=0), cand_mask], dim=1)
+        cand_out = model(inputs_embeds=cand_h, attention_mask=full_mask, position_ids=cand_pos,
+                         past_key_values=cache, use_cache=True)
+    hidden = out.hidden_states[-1][:, -1] if return_prompt_hidden else None
+    return _candidate_scores(out.logits, cand_out.logits, cand_ids, cand_mask, n_prompts, n_cand, hidden)
 
 
 def score(
