@@ -102,7 +102,8 @@ def run_one(method: str, setting: str, model: str) -> dict:
     row = list(train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False))[-1]
     wall = time.perf_counter() - start
     frames = cfg.n_envs * cfg.frames_per_env
-    return {"method": method, "setting": setting, "frames": frames, "epochs": cfg.epochs, "env_steps_per_s": row["fps"], "collect_s": row["collect_s"],
+    return {"method": method, "setting": setting, "frames": frames, "epochs": cfg.epochs,
+            "env_steps_per_s": row["fps"], "collect_s": row["collect_s"],
             "update_s": frames / row["fps"] - row["collect_s"], "train_wall_s": wall,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "ppo_loss": row["loss"]}
 

@@ -58,7 +58,8 @@ def agents(p: GlamParams):
 
     yield "bc", [lambda: trained(paths.glam_bc().model, "bc")], p.eval.modes
     for v in p.train.variants:
-        yield f"glam_{v}", [lambda item=f"{v}-{s}": trained(paths.glam_train(item).model, f"glam_{item}") for s in p.train.seeds], p.eval.modes
+        yield f"glam_{v}", [lambda item=f"{v}-{s}": trained(paths.glam_train(item).model, f"glam_{item}")
+                            for s in p.train.seeds], p.eval.modes
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from common import model_spec  # isort: skip
 import paths  # isort: skip
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from llmrl.agents.teacher import (
     ENV_KIND,
     LLMPlanner,
     OraclePlanner,
+    PlanDistribution,
+    Planner,
+    ScoringPlanner,
+    TablePlanner,
     TaskKind,
     TeacherPolicy,
 )
@@ -64,12 +69,32 @@ def _backend_factory(p: LLM4TeachTeacherParams):
     return f"local-shared-prompt:{p.spec}", local
 
 
-def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: bool) -> LLMPlanner | OraclePlanner:
+def scores_file(key: str) -> Path:
+    """The scoring teacher's plan distributions for a task, written by llm4teach_plans."""
+    return paths.llm4teach_plans().plans / f"{key}-score.json"
+
+
+def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: bool) -> Planner:
+    """The planner of a teacher kind. ``llm_score`` scores plans with the local model when planning (``offline``
+    False) and replays the stored distributions otherwise; ``llm`` replays or fills the reply cache."""
     kind = task_kind(key)
     if teacher == "oracle":
         return OraclePlanner(kind)
+    if teacher == "llm_score":
+        if not offline:
+            if p.backend != "local":
+                raise SystemExit("llm4teach.teacher.backend: the scoring teacher (llm_score) needs the local model's "
+                                 f"log-probs; backend {p.backend!r} only samples")
+            from llmrl.llm.load import load_model
+
+            return ScoringPlanner(kind, load_model(model_spec(p.spec)), answer_prefix=p.answer_prefix)
+        stored = json.loads(scores_file(key).read_text())["records"]
+        return TablePlanner(kind, {r["text"]: PlanDistribution(**{k: tuple(v) if isinstance(v, list) else v
+                                                                   for k, v in r["distribution"].items()})
+                                   for r in stored}, "llm_score")
     model_id, factory = _backend_factory(p)
-    backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(paths.llm4teach_plans().replies), offline=offline)
+    backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(paths.llm4teach_plans().replies),
+                            offline=offline)
     sampling = SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                               stop=tuple(p.stop), seed=p.seed)
     return LLMPlanner(kind, backend, n_ask=p.n_ask, sampling=sampling, answer_prefix=p.answer_prefix,

@@ -5,7 +5,10 @@ simple_spread), so the cache is filled here and every training and evaluation ru
 Writes the reply cache (data/llm4teach/replies); one record file per task, data/llm4teach/plans/<task>.json (a plain
 out: prompts, raw replies, their types and invalid reasons, the plan distribution per text, reply counts,
 cache statistics, time); and the headline per task, metrics/llm4teach/plans/<task>.json: invalid- and error-reply
-rates, texts that fell back, and the mean probability the LLM gives to the oracle's plan.
+rates, texts that fell back, and the mean probability the LLM gives to the oracle's plan. With the scoring teacher
+(``llm_score`` among the teachers) it also scores every admissible plan of every text under the local model:
+data/llm4teach/plans/<task>-score.json (prompts, plans, log-probs, distributions) and
+metrics/llm4teach/plans/<task>-score.json (the mean probability given to the oracle's plan).
 """
 
 from common import log, prepare_stage_process, stage_params  # isort: skip
@@ -14,7 +17,7 @@ from common import log, prepare_stage_process, stage_params  # isort: skip
 # busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
 prepare_stage_process(torch_threads=1)
 
-from llm4teach_common import MPE_KEY, make_planner, task_kind  # isort: skip
+from llm4teach_common import MPE_KEY, make_planner, scores_file, task_kind  # isort: skip
 import paths  # isort: skip
 
 import time
@@ -64,6 +67,24 @@ def main() -> None:
             log.info("%s: %d texts, %d replies, invalid rate %.2f %s, error rate %.2f, mean P(oracle plan) %.2f, "
                      "%.0f s", key, stats["texts"], stats["replies"], stats["invalid_rate"], stats["invalid_reasons"],
                      stats["error_rate"], mean_p_oracle, detail["seconds"])
+        score_keys = list(p.train.envs) if "llm_score" in p.train.teachers else []
+        score_keys += [MPE_KEY] if "llm_score" in p.mpe.teachers else []
+        for key in score_keys:
+            kind = task_kind(key)
+            planner = make_planner(key, "llm_score", p.teacher, offline=False)
+            start = time.perf_counter()
+            p_oracle = {t: dict(zip(d.plans, d.probs)).get(oracle_plan(kind, t), 0.0)
+                        for t, d in ((t, planner.plan(t)) for t in tqdm(observation_texts(kind), desc=f"scores {key}"))}
+            mean_p_oracle = sum(p_oracle.values()) / len(p_oracle)
+            write_json(plans_dir / scores_file(key).name,
+                       {"model_id": f"local:{p.teacher.spec}", "mean_p_oracle_plan": mean_p_oracle,
+                        "p_oracle_plan": p_oracle, "seconds": round(time.perf_counter() - start, 1),
+                        "records": planner.records})
+            write_json(head_dir / f"{key}-score.json", {"mean_p_oracle_plan": round(mean_p_oracle, 4),
+                                                        "texts": len(p_oracle), "env": fingerprint_line()})
+            log.info("%s (scoring teacher): %d texts, mean P(oracle plan) %.2f, %.0f s", key, len(p_oracle),
+                     mean_p_oracle, time.perf_counter() - start)
+            del planner
     OUT.replies.mkdir(parents=True, exist_ok=True)  # a DVC out even when no task asks the LLM
 
 

@@ -3,6 +3,11 @@
 Writes models/llm_rl/<variant>/ (the LoRA adapter or the whole model, every sampled episode or completion in
 rollouts.jsonl, the rendered prompt of the first problem), metrics/llm_rl/train_<variant>.json and dvclive
 curves under plots/llm_rl/train_<variant>/.
+
+Several devices: ``accelerate launch --num_processes N [--cpu] stages/llm_rl_train.py reinforce_kl`` trains
+REINFORCE-KL with DDP (``ReinforceKL``'s accelerator: every process collects the same episodes and trains on its
+share of each micro-batch; the result equals one process at the same ``common.micro_batch``, tested with 2 CPU
+processes); the main process writes the outputs. Such a run keeps no restart point.
 """
 
 from common import ROOT, log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
@@ -13,6 +18,7 @@ import paths  # isort: skip
 from paths import RESUME  # isort: skip
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -33,12 +39,14 @@ VARIANTS = ("reinforce_kl", "grpo")
 DATA = paths.llm_rl_data().data
 
 
-def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, checkpoint, identity):
+def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, checkpoint, identity, accelerator=None):
     from llmrl.algos.reinforce_kl import ReinforceKL
 
-    algo = ReinforceKL(llm, p, problems, shots)
+    algo = ReinforceKL(llm, p, problems, shots, accelerator=accelerator)
     history, rollouts = [], []
     for stats, episodes in algo.train(checkpoint=checkpoint, identity=identity):
+        if live is None:  # a worker process of a multi-process run: the main process records
+            continue
         history.append(stats)
         rollouts += [{"iteration": stats["iteration"], **ep.as_record()} for ep in episodes]
         for k in ("average_reward", "answer_rate", "loss", "policy_loss", "divergence", "grad_norm", "lr", "mean_lines"):
@@ -88,9 +96,20 @@ def main() -> None:
     shots, problems = train[: c.few_shot], train[c.few_shot:]
     lora = c.lora
     spec = model_spec(c.model)
+    accelerator, device = None, c.device
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by `accelerate launch --num_processes N`
+        if variant != "reinforce_kl":
+            raise SystemExit("llm_rl_train: several processes (accelerate launch) are supported for reinforce_kl only")
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=c.device == "cpu")
+        device = str(accelerator.device)
     # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
-    llm = load_model(spec, device=c.device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
+    llm = load_model(spec, device=device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
+    if accelerator is not None and not accelerator.is_main_process:
+        train_reinforce_kl(p, llm, problems, shots, None, None, None, accelerator)
+        return
     outputs = paths.llm_rl_train(variant)
     out = outputs.model
     # Resume point (reinforce_kl): scratch, not a DVC out; resumed only by the same run (params, base model and
@@ -105,7 +124,9 @@ def main() -> None:
     t0 = time.perf_counter()
     with open_live(outputs.live) as live, atomic_path(out, is_dir=True) as tmp:
         if variant == "reinforce_kl":
-            llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live, checkpoint, identity)
+            llm, history, rollouts = train_reinforce_kl(p, llm, problems, shots, live,
+                                                        checkpoint if accelerator is None else None, identity,
+                                                        accelerator)
         else:
             llm, history, rollouts = train_grpo(p, llm, problems, shots, live, tmp / "trl")
             shutil.rmtree(tmp / "trl", ignore_errors=True)

@@ -510,3 +510,40 @@ def test_train_grid_student_measures_curve_at_start_and_end():
     assert [c["frames"] for c in run.curve] == [0, 256, 512] and len(seen) == len(run.history) == 4
     # the schedule's constants: 10, 7.5, 5 (floor not reached), then off from iteration 3
     assert [h["distill_coef"] for h in run.history] == [10.0, 7.5, 5.0, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["doorkey", "coloreddoorkey", "twodoor", "simple_spread"])
+def test_admissible_plans_are_valid_and_hold_the_oracle_plan(kind):
+    from llmrl.agents.teacher import admissible_plans, canonical_plan
+
+    for text in observation_texts(kind):
+        plans = admissible_plans(kind, text)
+        assert oracle_plan(kind, text) in plans, text
+        assert len(set(plans)) == len(plans)
+        for plan in plans:
+            assert not validate_plan(canonical_plan(plan), kind), (text, plan)
+
+
+def test_scoring_teacher_is_the_softmax_of_the_plans_log_probs():
+    from llmrl.agents.teacher import ScoringPlanner, TablePlanner, admissible_plans
+    from llmrl.agents.teacher.planners import planner_messages
+    from llmrl.llm import load_model, score_naive
+
+    llm = load_model("tiny")
+    planner = ScoringPlanner("doorkey", llm, answer_prefix="Action: {")
+    text = "Agent sees <key>, <door>, holds <nothing>."
+    dist = planner.plan(text)
+    plans = admissible_plans("doorkey", text)
+    assert dist.plans == tuple(plans) and abs(sum(dist.probs) - 1) < 1e-9 and not dist.fallback
+    # an independent reference: every (prompt, plan) pair as one full sequence
+    rendered = llm.render(planner_messages("doorkey", text, "Action: {"))
+    ref = score_naive(llm, [rendered], [p + "}" for p in plans])[0].logprob
+    expected = np.exp(ref - ref.max()) / np.exp(ref - ref.max()).sum()
+    np.testing.assert_allclose(dist.probs, expected, atol=1e-5)
+    assert planner.records[0]["plans"] == plans and planner.plan(text) is dist  # memoised, recorded once
+    replay = TablePlanner("doorkey", {text: dist}, "llm_score")
+    assert replay.plan(text) is dist
+    with pytest.raises(KeyError, match="no stored distribution"):
+        replay.plan("Agent sees <nothing>, holds <nothing>.")
+    with pytest.raises(ValueError, match="answer_prefix"):
+        ScoringPlanner("doorkey", llm, answer_prefix="")

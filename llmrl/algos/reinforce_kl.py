@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -58,6 +59,9 @@ from llmrl.config.llm_rl import ReinforceTrainParams
 from llmrl.envs.word_problems import MathEnv
 from llmrl.llm import LLM, SamplingConfig
 from llmrl.llm.prefix import PrefixBatch, generate_shared_prefix, split_prefix, suffix_token_logprobs
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 def optimizer_steps(p: ReinforceTrainParams) -> int:
@@ -242,9 +246,17 @@ def reinforce_kl_loss(logp: torch.Tensor, ref_logp: torch.Tensor, line_of: torch
 class ReinforceKL:
     """The trainer: holds the policy, its optimiser and schedule, and the reference snapshot."""
 
-    def __init__(self, llm: LLM, cfg: ReinforceTrainParams, train_problems: Sequence[dict], shots: Sequence[dict]):
+    def __init__(self, llm: LLM, cfg: ReinforceTrainParams, train_problems: Sequence[dict], shots: Sequence[dict],
+                 accelerator: Accelerator | None = None):
         self.llm, self.cfg = llm, cfg
         c = cfg.common
+        # Several processes (``accelerate launch --num_processes N``): every rank collects the same episodes (the
+        # same seeds and, DDP keeping the weights equal, the same policy) -- N times the collection work, but it keeps
+        # N processes testably equal to one -- and trains on its rank's share of every micro-batch.
+        self.accelerator = accelerator if accelerator is not None and accelerator.num_processes > 1 else None
+        if self.accelerator is not None and c.micro_batch % self.accelerator.num_processes:
+            raise ValueError(f"reinforce_kl: common.micro_batch={c.micro_batch} is not divisible by the "
+                             f"{self.accelerator.num_processes} processes")
         self.problems, self.shots = list(train_problems), list(shots)
         if len(self.problems) < c.problems_per_iteration:
             raise ValueError(f"reinforce_kl: {len(self.problems)} train problems, fewer than "
@@ -254,6 +266,10 @@ class ReinforceKL:
         if not self.params:
             raise ValueError("reinforce_kl: the model has no trainable parameters (load it with lora= or trainable=)")
         self.opt = torch.optim.AdamW(self.params, lr=c.lr)
+        # The DDP-wrapped model for the training forward passes (gradients averaged over the ranks); llm.model stays
+        # the plain model, for sampling and the reference pass, and self.params are the same tensors. The optimiser
+        # and the schedule are not prepared: accelerate would step a prepared schedule once per process.
+        self.train_model = llm.model if self.accelerator is None else self.accelerator.prepare(llm.model)
         total = optimizer_steps(cfg)
         # transformers' get_linear_schedule_with_warmup without warmup: the schedule TRL applies to GRPO
         self.sched = torch.optim.lr_scheduler.LambdaLR(
@@ -286,6 +302,8 @@ class ReinforceKL:
 
     def update(self, episodes: Sequence[MathEpisode]) -> dict:
         """Policy-gradient steps on one iteration's episodes: one optimiser step per micro-batch of episodes."""
+        if self.accelerator is not None:
+            return self._update_distributed(episodes)
         c, r, model, tok, dev = self.cfg.common, self.cfg.reinforce_kl, self.llm.model, self.llm.tokenizer, self.llm.device
         adv = advantages(episodes, r.gamma, r.baseline)
         usable = [i for i, ep in enumerate(episodes) if ep.lines]
@@ -319,6 +337,54 @@ class ReinforceKL:
                 "divergence": totals["kl"] / max(totals["tokens"], 1), "grad_norm": totals["grad_norm"] / steps,
                 "samples": totals["samples"] // r.epochs, "tokens": totals["tokens"] // r.epochs,
                 "optimizer_steps": totals["steps"]}
+
+    def _update_distributed(self, episodes: Sequence[MathEpisode]) -> dict:
+        """``update`` over N processes: each rank scores its share ``mb[rank::N]`` of every micro-batch, and the
+        gradient DDP averages is the mean over the whole micro-batch's samples, so the step equals one process's
+        (up to float rounding: the shares are batched, padded and prefix-split apart). Every rank returns the same
+        stats, those of one process."""
+        acc = self.accelerator
+        c, r, model, tok, dev = self.cfg.common, self.cfg.reinforce_kl, self.llm.model, self.llm.tokenizer, acc.device
+        rank, world = acc.process_index, acc.num_processes
+        adv = advantages(episodes, r.gamma, r.baseline)
+        usable = [i for i, ep in enumerate(episodes) if ep.lines]
+        micro = [usable[j:j + c.micro_batch] for j in range(0, len(usable), c.micro_batch)]
+        # A rank whose share is empty (a short last micro-batch) scores the micro-batch's first episode with weight
+        # 0: every rank must run the forward and backward passes DDP's gradient all-reduce pairs up.
+        shares = [(mb[rank::world] or mb[:1], bool(mb[rank::world])) for mb in micro]
+        batches = [tokenize_episodes(tok, [episodes[i] for i in share], dev) for share, _ in shares]
+        model.eval()  # no dropout in the reference pass
+        with torch.no_grad(), self.reference_weights():
+            ref = [token_logprobs(model, b)[0] for b in batches]
+        local = torch.zeros(4, dtype=torch.float64)  # this rank's sums: loss, policy loss, KL, tokens
+        samples, grad_norms, steps = 0, 0.0, 0
+        model.train()
+        for _ in range(r.epochs):
+            for (share, real), batch, ref_lp in zip(shares, batches, ref):
+                self.opt.zero_grad(set_to_none=True)
+                logp, line_of = token_logprobs(self.train_model, batch)
+                loss, s = reinforce_kl_loss(logp, ref_lp, line_of, [adv[i] for i in share], r.beta)
+                if not real:
+                    loss, s = loss * 0.0, {k: 0 for k in s}
+                n_global = int(acc.reduce(torch.tensor(s["samples"], device=dev), "sum"))
+                # DDP averages the ranks' gradients; the factor N makes that average Σ_r loss_r / n_global, the mean
+                # over the global micro-batch's samples that one process takes.
+                (loss * world / max(n_global, 1)).backward()
+                grad_norm = acc.clip_grad_norm_(self.params, c.grad_clip)
+                self.opt.step()
+                self.sched.step()
+                local += torch.tensor([float(loss.detach()), s["pg_loss_sum"], s["kl_sum"], s["tokens"]],
+                                      dtype=torch.float64)
+                samples += n_global
+                grad_norms += float(grad_norm)  # of the averaged gradient: the same on every rank
+                steps += 1
+        model.eval()
+        loss_sum, pg_sum, kl_sum, tokens = acc.reduce(local.to(dev), "sum").tolist()
+        tokens = int(round(tokens))
+        n_samples = max(samples, 1)
+        return {"loss": loss_sum / n_samples, "policy_loss": pg_sum / n_samples,
+                "divergence": kl_sum / max(tokens, 1), "grad_norm": grad_norms / max(steps, 1),
+                "samples": samples // r.epochs, "tokens": tokens // r.epochs, "optimizer_steps": steps}
 
     def step(self) -> tuple[dict, list[MathEpisode]]:
         """One iteration: refresh the reference if due, collect, update. Returns its stats and episodes."""

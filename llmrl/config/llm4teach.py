@@ -10,7 +10,7 @@ from llmrl.config import Section
 from llmrl.config.ppo import DistillParams, PPOParams
 
 EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
-TeacherKind = Literal["llm", "oracle", "none"]
+TeacherKind = Literal["llm", "llm_score", "oracle", "none"]
 
 
 class LLM4TeachTeacherParams(Section):
@@ -55,7 +55,8 @@ class LLM4TeachStudentParams(Section):
 
 class LLM4TeachTrainParams(Section):
     envs: list[EnvKey] = Field(min_length=1, description="DoorKey-family environments to train on")
-    teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure PPO)")
+    teachers: list[TeacherKind] = Field(min_length=1, description="llm (sampled replies), llm_score (the LLM's "
+                                        "log-probs of every admissible plan, softmax), oracle, none (pure PPO)")
     seeds: list[int] = Field(min_length=1, description="training seeds (env and torch)")
     ppo: PPOParams
     distill: DistillParams = DistillParams()
@@ -66,7 +67,8 @@ class LLM4TeachTrainParams(Section):
 
 
 class LLM4TeachMPEParams(Section):
-    teachers: list[TeacherKind] = Field(min_length=1, description="llm, oracle, none (pure MAPPO)")
+    teachers: list[TeacherKind] = Field(min_length=1, description="llm, llm_score, oracle (as for the DoorKey "
+                                        "family), none (pure MAPPO)")
     seeds: list[int] = Field(min_length=1, description="training seeds")
     n_agents: int = Field(3, ge=2, le=3, description="agents = landmarks (the teacher's text assumes 3)")
     max_cycles: int = Field(25, gt=0, description="episode length")

@@ -23,7 +23,10 @@ Modules: ``describe`` (observation → text), ``prompts`` (prompt, reply parsing
    for, or the deadline passes, it raises ``LLMOutageError``, so an outage fails the stage instead of
    becoming the cached teacher.
 3. ``OraclePlanner`` answers the same texts with hand-written rules, to separate planner quality from
-   distillation quality.
+   distillation quality. ``ScoringPlanner`` asks no sampled replies: it scores each plan of
+   ``admissible_plans(kind, text)`` under the LLM (summed log-prob of the bracketed plan after the answer
+   prefix; one prompt whose KV cache the candidates share) and takes the softmax as the distribution; a
+   planning stage stores those, and ``TablePlanner`` replays them in training and evaluation.
 4. ``TeacherPolicy`` maps each plan through the scripted skills of ``llmrl.agents.skills`` and returns
    π_T(a|s) = Σ_p P(p|text)·U(skill_p(s))(a), U uniform over the primitives that start an equally short
    path: the expectation of the original's per-step plan sampling, computed exactly instead of sampled.
@@ -32,12 +35,13 @@ Modules: ``describe`` (observation → text), ``prompts`` (prompt, reply parsing
 from llmrl.agents.teacher.describe import (ENV_KIND, OBJECT_NAMES, Scene, TaskKind, canonical_colors, describe,
                                            describe_spread, observation_texts, restore_colors)
 from llmrl.agents.teacher.planners import (LLM_FAULTS, LLMOutageError, LLMPlanner, OraclePlanner, Planner,
-                                           oracle_plan, plan_texts)
+                                           ScoringPlanner, TablePlanner, admissible_plans, oracle_plan, plan_texts)
 from llmrl.agents.teacher.policy import TeacherPolicy, spread_plan_action
 from llmrl.agents.teacher.prompts import (FALLBACK_PLAN, PLAN_VERBS, PROMPTS, PlanDistribution, PlanReply,
                                           canonical_plan, parse_reply, validate_plan)
 
 __all__ = ["ENV_KIND", "FALLBACK_PLAN", "LLM_FAULTS", "OBJECT_NAMES", "PLAN_VERBS", "PROMPTS", "LLMOutageError",
-           "LLMPlanner", "OraclePlanner", "PlanDistribution", "PlanReply", "Planner", "Scene", "TaskKind",
-           "TeacherPolicy", "canonical_colors", "canonical_plan", "describe", "describe_spread", "observation_texts",
+           "LLMPlanner", "OraclePlanner", "PlanDistribution", "PlanReply", "Planner", "Scene", "ScoringPlanner",
+           "TablePlanner", "TaskKind", "TeacherPolicy", "admissible_plans", "canonical_colors", "canonical_plan",
+           "describe", "describe_spread", "observation_texts",
            "oracle_plan", "parse_reply", "plan_texts", "restore_colors", "spread_plan_action", "validate_plan"]

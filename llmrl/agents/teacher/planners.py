@@ -1,5 +1,7 @@
 """Planners: text → ``PlanDistribution``. ``OraclePlanner`` answers with hand-written rules; ``LLMPlanner`` asks an
-LLM backend ``n_ask`` times per text and counts faults; ``plan_texts`` bounds a whole planning pass."""
+LLM backend ``n_ask`` times per text and counts faults; ``ScoringPlanner`` scores every admissible plan under the
+LLM (one prompt, its KV cache reused across the candidates) and takes their softmax; ``TablePlanner`` replays
+stored distributions; ``plan_texts`` bounds a whole planning pass."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+
+import numpy as np
 
 from llmrl.agents.teacher.describe import TaskKind
 from llmrl.agents.teacher.prompts import (FALLBACK_PLAN, PROMPTS, PlanDistribution, PlanReply, canonical_plan,
@@ -60,6 +64,35 @@ def oracle_plan(kind: TaskKind, text: str) -> str:
     return "explore"
 
 
+def admissible_plans(kind: TaskKind, text: str) -> list[str]:
+    """Every plan the skills can carry out from the state a text describes, in a fixed order: the candidates a
+    scoring teacher weighs (the oracle's plan is one of them, for every text; tested)."""
+    if kind == "simple_spread":
+        return [f"go to <landmark {r}>" for r in (1, 2, 3)]
+    seen, held = _seen_held(text)
+    keys = [s for s in seen if s.endswith("key")]
+    plans = ["explore"]
+    for obj in seen:
+        plans.append(f"go to <{obj}>")
+        if obj in keys and held == "nothing":
+            plans.append(f"go to <{obj}>, pick up <{obj}>")
+        if obj.endswith(("door", "door1", "door2")):
+            plans.append(f"go to <{obj}>, open <{obj}>")
+    if held != "nothing":
+        plans.append(f"drop <{held}>")
+        plans += [f"drop <{held}>, go to <{k}>, pick up <{k}>" for k in keys]
+    return list(dict.fromkeys(plans))
+
+
+def planner_messages(kind: TaskKind, text: str, answer_prefix: str = "") -> list[dict]:
+    """The planner's chat: task description, worked example and the text; ``answer_prefix`` opens its answer."""
+    task, example = PROMPTS[kind]
+    messages = [{"role": "user", "content": f"{task}\n\n{example}\n{text}"}]
+    if answer_prefix:
+        messages.append({"role": "assistant", "content": answer_prefix})
+    return messages
+
+
 LLM_FAULTS = llm_fault_types()
 
 
@@ -91,11 +124,7 @@ class LLMPlanner:
         self.records: list[dict] = []
 
     def prompt(self, text: str) -> list[dict]:
-        task, example = PROMPTS[self.kind]
-        messages = [{"role": "user", "content": f"{task}\n\n{example}\n{text}"}]
-        if self.answer_prefix:
-            messages.append({"role": "assistant", "content": self.answer_prefix})
-        return messages
+        return planner_messages(self.kind, text, self.answer_prefix)
 
     def plan(self, text: str) -> PlanDistribution:
         if text in self.memo:
@@ -142,6 +171,57 @@ class LLMPlanner:
         }
 
 
+class ScoringPlanner:
+    """π(plan | text) = softmax over ``admissible_plans`` of log P_LLM(plan + closing brace | prompt) / temperature.
+
+    The prompt is the sampling planner's, opened with ``answer_prefix`` (which must end with "{": the candidates
+    are the bracketed plan's contents). Summed token log-probs, as GLAM scores actions. No sampling, so no
+    invalid replies and no fallback: every text gets a full distribution, kept in ``records``.
+    """
+
+    name = "llm_score"
+
+    def __init__(self, kind: TaskKind, llm, *, answer_prefix: str = "Action: {", temperature: float = 1.0):
+        if not answer_prefix.endswith("{"):
+            raise ValueError(f"answer_prefix: the scoring teacher needs it to open the plan with '{{', got "
+                             f"{answer_prefix!r}")
+        if temperature <= 0:
+            raise ValueError(f"temperature: must be > 0, got {temperature}")
+        self.kind, self.llm, self.answer_prefix, self.temperature = kind, llm, answer_prefix, temperature
+        self.memo: dict[str, PlanDistribution] = {}
+        self.records: list[dict] = []
+
+    def plan(self, text: str) -> PlanDistribution:
+        if text in self.memo:
+            return self.memo[text]
+        from llmrl.llm.score import score
+
+        plans = admissible_plans(self.kind, text)
+        rendered = self.llm.render(planner_messages(self.kind, text, self.answer_prefix))
+        logp = score(self.llm, [rendered], [[p + "}" for p in plans]])[0].logprob
+        z = logp / self.temperature
+        probs = np.exp(z - z.max())
+        probs /= probs.sum()
+        dist = PlanDistribution(tuple(plans), tuple(float(x) for x in probs), n_plan=len(plans))
+        self.memo[text] = dist
+        self.records.append({"text": text, "rendered_prompt": rendered, "plans": plans,
+                             "logprob": [float(x) for x in logp], "distribution": asdict(dist)})
+        return dist
+
+
+class TablePlanner:
+    """Plans replayed from stored distributions (a scoring pass's output): no model at training time."""
+
+    def __init__(self, kind: TaskKind, table: dict[str, PlanDistribution], name: str):
+        self.kind, self.table, self.name = kind, table, name
+
+    def plan(self, text: str) -> PlanDistribution:
+        if text not in self.table:
+            raise KeyError(f"{self.name} planner: no stored distribution for text {text!r} (re-run the planning "
+                           "stage)")
+        return self.table[text]
+
+
 class LLMOutageError(RuntimeError):
     """The LLM failed too often (or too slowly) for its plans to stand for the teacher."""
 
@@ -170,4 +250,4 @@ def plan_texts(planner: LLMPlanner, texts: Sequence[str], *, max_error_rate: flo
     return out
 
 
-Planner = OraclePlanner | LLMPlanner
+Planner = OraclePlanner | LLMPlanner | ScoringPlanner | TablePlanner
