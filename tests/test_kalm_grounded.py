@@ -107,6 +107,14 @@ def test_save_load_round_trip(tmp_path, finetune):
     fresh = _model(finetune=finetune)
     with torch.no_grad():
         assert float(fresh.losses(batch)["obs_loss"]) != pytest.approx(ref["obs_loss"], abs=1e-5)
+    if finetune == "lora":  # the adapter names no local path and lists its modules in a fixed order
+        import json
+
+        config = json.loads((tmp_path / "g" / "adapter" / "adapter_config.json").read_text())
+        assert config["target_modules"] == sorted(config["target_modules"])
+        for f in (tmp_path / "g" / "adapter").iterdir():
+            if f.suffix in (".json", ".md"):
+                assert str(tmp_path) not in f.read_text() and "/tmp" not in f.read_text(), f.name
 
 
 def test_load_names_a_missing_folder(tmp_path):

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from llmrl.envs.word_problems.answers import ANSWER_PHRASE, answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM, SamplingConfig, load_model
+from llmrl.llm.load import stable_adapter_names
 from llmrl.llm.prefix import generate_shared_prefix
 
 SYSTEM_PROMPT = (
@@ -82,14 +83,8 @@ def write_policy(llm: LLM, folder: str | os.PathLike, base_model: str | None = N
     in its config and model card, and the target modules are written sorted (peft keeps a set), so the same
     training gives the same bytes on every machine.
     """
-    adapters = getattr(llm.model, "peft_config", {})
-    for cfg in adapters.values():
-        if base_model is not None:
-            cfg.base_model_name_or_path = base_model
-        if isinstance(cfg.target_modules, set):
-            cfg.target_modules = sorted(cfg.target_modules)
-    if adapters and base_model is not None:
-        llm.model.config._name_or_path = base_model  # peft's model card takes the base model's name from here
+    if getattr(llm.model, "peft_config", None) and base_model is not None:
+        stable_adapter_names(llm.model, base_model)
     llm.model.save_pretrained(folder, safe_serialization=True)
     llm.tokenizer.save_pretrained(folder)
 

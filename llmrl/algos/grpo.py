@@ -31,7 +31,7 @@ import torch
 
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.files import atomic_path
-from llmrl.llm.load import LLM, peft_lora_config
+from llmrl.llm.load import LLM, peft_lora_config, stable_adapter_names
 
 RewardFunc = Callable[..., list[float]]
 
@@ -297,13 +297,7 @@ def save_adapter(model, folder: str | os.PathLike, *, base_model: str) -> None:
     configs = getattr(model, "peft_config", None)
     if not configs:
         raise ValueError("save_adapter: the model carries no peft adapter")
-    for cfg in configs.values():
-        cfg.base_model_name_or_path = base_model
-        if isinstance(cfg.target_modules, set):
-            cfg.target_modules = sorted(cfg.target_modules)
-    # peft's model card reads the name from both (its tags from the attribute set when the model was loaded)
-    model.base_model.model.config._name_or_path = base_model
-    model.base_model.model.name_or_path = base_model
+    stable_adapter_names(model, base_model)
     with atomic_path(Path(folder), is_dir=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
         for f in tmp.iterdir():

@@ -26,7 +26,7 @@ from torch import nn
 
 from llmrl.files import atomic_path, save_torch
 from llmrl.llm.heads import NumericIO
-from llmrl.llm.load import LLM, LoraSettings, load_model
+from llmrl.llm.load import LLM, LoraSettings, load_model, stable_adapter_names
 
 PLACEHOLDERS = {"state": " #", "action": " @", "target": " ^"}
 TEXT, STATE, ACTION = 0, 1, 2  # position kinds
@@ -372,6 +372,7 @@ class GroundedLM(nn.Module):
         with atomic_path(out_dir, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
             if self.spec.finetune == "lora":
+                stable_adapter_names(self.lm, self.spec.base_model)
                 self.lm.save_pretrained(tmp / ADAPTER_DIR)
             else:
                 self.lm.save_pretrained(tmp / FULL_DIR)

@@ -228,6 +228,20 @@ def peft_lora_config(lora: LoraSettings, model):
                       task_type="CAUSAL_LM", **top)
 
 
+def stable_adapter_names(model, base_model: str) -> None:
+    """Before a peft model's adapter is saved: name the base model as given (``base_model``, e.g. the params value)
+    where peft would record this clone's absolute path (config and model card), and sort the target modules, which
+    peft keeps in a set (their order follows the hash seed). The same training then writes the same bytes in any
+    clone and process, so DVC's hashes of the output agree."""
+    for cfg in getattr(model, "peft_config", {}).values():
+        cfg.base_model_name_or_path = base_model
+        if isinstance(cfg.target_modules, set):
+            cfg.target_modules = sorted(cfg.target_modules)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner.config._name_or_path = base_model  # peft's model card reads the name from both
+    inner.name_or_path = base_model
+
+
 def load_model(
     spec: str,
     *,
