@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from score import ACTIONS, babyai_prompt  # noqa: E402  (the scoring benchmark's prompts)
 
-from llmrl.fingerprint import cpu_supports_bf16, environment_fingerprint  # noqa: E402
+from llmrl.fingerprint import environment_fingerprint  # noqa: E402
+from llmrl.kernels import cpu_supports_bf16  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
 from llmrl.llm import load_model, score  # noqa: E402
 

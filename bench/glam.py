@@ -11,6 +11,9 @@ One PPO update of ``llmrl.algos.ppo_llm.train`` on BabyAI-Text-GoToObjS4 with th
   candidate (one full prompt+candidate sequence per row, same token ids and padding, differentiable) where kv
   computes each prompt once and reuses its KV cache for the six candidates. Target: >= 2x.
 
+- fp32 vs bf16 (issue 12, item 1): "trunk" and "kv" at the CPU default again with ``dtype="bfloat16"``, run on
+  the CPU's own kernels (bf16 needs them; the stages pin AVX2, llmrl/kernels.py), where the CPU has native bf16.
+
 Each run is its own subprocess, so its peak RSS is its own. Writes bench/results/glam.json.
 """
 
@@ -29,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.kernels import cpu_supports_bf16, pin_cpu_kernels, unpinned_environ  # noqa: E402
 from llmrl.process import keep_caches_under  # noqa: E402
 
 keep_caches_under(ROOT / ".cache")
@@ -87,7 +90,7 @@ DEFAULT = dict(n_envs=4, frames_per_env=4, updates=1, epochs=2, minibatch_size=1
                max_steps=6)  # params.yaml glam.train at the CPU default
 
 
-def run_one(method: str, setting: str, model: str) -> dict:
+def run_one(method: str, setting: str, model: str, dtype: str) -> dict:
     from llmrl.agents.llm_policy import build_agent
     from llmrl.algos.ppo_llm import train
     from llmrl.config.glam import GlamPPO
@@ -96,30 +99,37 @@ def run_one(method: str, setting: str, model: str) -> dict:
     torch.set_num_threads(THREADS)
     if method == "naive":
         llm_policy.score_tensors = naive_score_tensors
-    agent = build_agent(model, "lora", seed=0, lora_layers=TRUNK_TOP if method == "trunk" else None)
+    agent = build_agent(model, "lora", seed=0, lora_layers=TRUNK_TOP if method == "trunk" else None, dtype=dtype)
     cfg = GlamPPO(**(DEFAULT if setting == "default" else SMALL))
     start = time.perf_counter()
     row = list(train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False))[-1]
     wall = time.perf_counter() - start
     frames = cfg.n_envs * cfg.frames_per_env
-    return {"method": method, "setting": setting, "frames": frames, "epochs": cfg.epochs,
+    return {"method": method, "setting": setting, "dtype": agent.llm.dtype_name,
+            "kernels": torch.backends.cpu.get_cpu_capability(), "frames": frames, "epochs": cfg.epochs,
             "env_steps_per_s": row["fps"], "collect_s": row["collect_s"],
             "update_s": frames / row["fps"] - row["collect_s"], "train_wall_s": wall,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "ppo_loss": row["loss"]}
 
 
 def main() -> None:
-    if len(sys.argv) == 4:  # child: one run
+    if len(sys.argv) == 5:  # child: one run
         print(json.dumps(run_one(*sys.argv[1:])))
         return
     model = str(ROOT / "models" / "base_llm") if (ROOT / "models" / "base_llm").is_dir() \
         else "embedded:smollm2-135m-instruct"
     results = {}
-    for method, setting in (("trunk", "default"), ("kv", "default"), ("kv", "small"), ("naive", "small")):
-        out = subprocess.run([sys.executable, __file__, method, setting, model], capture_output=True, text=True,
-                             check=True, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
-        results[f"{method}_{setting}"] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(method, setting, results[f"{method}_{setting}"], flush=True)
+    runs = [("trunk", "default", "float32"), ("kv", "default", "float32"), ("kv", "small", "float32"),
+            ("naive", "small", "float32")]
+    if cpu_supports_bf16():
+        runs += [("trunk", "default", "bfloat16"), ("kv", "default", "bfloat16")]
+    for method, setting, dtype in runs:
+        env = unpinned_environ() if dtype == "bfloat16" else dict(os.environ)
+        out = subprocess.run([sys.executable, __file__, method, setting, model, dtype], capture_output=True,
+                             text=True, check=True, env={**env, "OMP_NUM_THREADS": str(THREADS)})
+        key = f"{method}_{setting}" + ("_bf16" if dtype == "bfloat16" else "")
+        results[key] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(key, results[key], flush=True)
     ratio = results["kv_small"]["env_steps_per_s"] / results["naive_small"]["env_steps_per_s"]
     trunk_ratio = results["trunk_default"]["env_steps_per_s"] / results["kv_default"]["env_steps_per_s"]
     update_ratio = results["kv_default"]["update_s"] / results["trunk_default"]["update_s"]
@@ -130,6 +140,10 @@ def main() -> None:
         "trunk_ratio": trunk_ratio, "trunk_update_ratio": update_ratio, "trunk_target_ratio": TRUNK_TARGET,
         "trunk_passed": trunk_ratio >= TRUNK_TARGET,
         "ratio": ratio, "target_ratio": TARGET, "passed": ratio >= TARGET,
+        "bf16_over_fp32": ({m: results[f"{m}_default_bf16"]["env_steps_per_s"]
+                            / results[f"{m}_default"]["env_steps_per_s"] for m in ("trunk", "kv")}
+                           if "trunk_default_bf16" in results
+                           else "not measured: the CPU has no native bf16 (AVX-512-BF16 / AMX)"),
         "machine": {"cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()), "threads": THREADS,
                     "platform": platform.platform(), "torch": torch.__version__},
     }

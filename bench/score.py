@@ -2,7 +2,9 @@
 
 Embedded SmolLM2-135M-Instruct, GLAM's six BabyAI action strings, ~150-token chat prompts. Both methods run
 in this process on the same prompts; the figure of merit is the ratio of their rates (target >= 3x) with
-log-probabilities equal within 1e-4. Writes bench/results/score.json.
+log-probabilities equal within 1e-4. The same measurement in bf16 (issue 12, item 1) runs beside it in a child
+process on the CPU's own kernels (bf16 needs them; the stages pin AVX2, llmrl/kernels.py), on CPUs with native
+bf16: rates side by side and the largest log-prob difference bf16 makes. Writes bench/results/score.json.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-from llmrl.kernels import pin_cpu_kernels  # noqa: E402
+from llmrl.kernels import cpu_supports_bf16, pin_cpu_kernels, unpinned_environ  # noqa: E402
 from llmrl.process import keep_caches_under  # noqa: E402
 
 keep_caches_under(ROOT / ".cache")
@@ -52,9 +55,9 @@ def babyai_prompt(i: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def measure(dtype: str) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
-    llm = load_model(os.environ.get("LLMRL_BENCH_MODEL", "embedded:smollm2-135m-instruct"))
+    llm = load_model(os.environ.get("LLMRL_BENCH_MODEL", "embedded:smollm2-135m-instruct"), dtype=dtype)
     prompts = [llm.render(babyai_prompt(i)) for i in range(N_PROMPTS)]
     candidates = [" " + a for a in ACTIONS]
     prompt_tokens = [len(llm.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
@@ -75,9 +78,10 @@ def main() -> None:
     n_scores = N_PROMPTS * len(candidates)
     naive_rate = n_scores / statistics.median(naive_t)
     fast_rate = n_scores / statistics.median(fast_t)
-    result = {
-        "benchmark": "score",
+    return {
         "model": llm.spec,
+        "dtype": llm.dtype_name,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "prompts": N_PROMPTS,
@@ -94,9 +98,34 @@ def main() -> None:
         "target_ratio": TARGET,
         "max_abs_logprob_diff": diff,
         "passed": bool(fast_rate / naive_rate >= TARGET and diff <= 1e-4),
+        "kv_logprobs": [o.logprob.tolist() for o in fast],
     }
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--dtype"]:  # child: one dtype
+        print(json.dumps(measure(sys.argv[2])))
+        return
+    result = {"benchmark": "score", **measure("float32")}
+    fp32_lp = np.array(result.pop("kv_logprobs"))
+    if cpu_supports_bf16():
+        out = subprocess.run([sys.executable, __file__, "--dtype", "bfloat16"], capture_output=True, text=True,
+                             check=True, env=unpinned_environ())
+        bf16 = json.loads(out.stdout.strip().splitlines()[-1])
+        bf16_lp = np.array(bf16.pop("kv_logprobs"))
+        result["bfloat16"] = {
+            **{k: bf16[k] for k in ("kernels", "naive_scores_per_s", "kv_reuse_scores_per_s",
+                                    "kv_reuse_batch1_scores_per_s", "ratio", "max_abs_logprob_diff")},
+            "kv_speedup_over_fp32": bf16["kv_reuse_scores_per_s"] / result["kv_reuse_scores_per_s"],
+            "max_abs_logprob_diff_vs_fp32": float(np.abs(bf16_lp - fp32_lp).max()),
+            "mean_abs_logprob_diff_vs_fp32": float(np.abs(bf16_lp - fp32_lp).mean()),
+            "best_candidate_changed": float(np.mean(bf16_lp.argmax(-1) != fp32_lp.argmax(-1))),
+        }
+    else:
+        result["bfloat16"] = "not measured: the CPU has no native bf16 (AVX-512-BF16 / AMX)"
     write_json(ROOT / "bench" / "results" / "score.json", result)
-    print(json.dumps({k: result[k] for k in ("ratio", "max_abs_logprob_diff", "passed", "prompt_tokens_mean")}))
+    print(json.dumps({k: result[k] for k in ("ratio", "max_abs_logprob_diff", "passed", "prompt_tokens_mean",
+                                             "bfloat16")}))
 
 
 if __name__ == "__main__":

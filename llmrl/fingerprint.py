@@ -8,12 +8,11 @@ the full record.
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import os
 import platform
 
-from llmrl.kernels import cpu_flags
+from llmrl.kernels import cpu_flags, cpu_supports_bf16
 
 _LIBRARIES = ("torch", "numpy", "transformers", "peft", "trl", "d3rlpy", "gymnasium", "minigrid", "metaworld",
               "mujoco", "stable-baselines3")
@@ -28,13 +27,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-@functools.cache
-def cpu_supports_bf16() -> bool:
-    """True where the CPU has native bf16 matrix instructions (AVX-512-BF16 or AMX-BF16)."""
-    flags = cpu_flags()
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def _cpu_isa(flags: set[str]) -> str:

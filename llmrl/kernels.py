@@ -58,3 +58,30 @@ def pin_cpu_kernels(flags: set[str] | None = None) -> dict[str, str]:
     set_now = {k: v for k, v in PINNED.items() if k not in os.environ}
     os.environ.update(set_now)
     return set_now
+
+
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) at which its kernels still run bf16 natively; below them bf16 is emulated.
+_ONEDNN_BF16_LEVELS = ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "AVX10_1_512", "AVX10_2_512", "ALL", "DEFAULT")
+
+
+def cpu_supports_bf16(flags: set[str] | None = None) -> bool:
+    """True where the CPU has native bf16 matrix instructions (AVX-512-BF16 or AMX-BF16)."""
+    return bool((cpu_flags() if flags is None else flags) & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_runs_bf16(flags: set[str] | None = None, environ: dict[str, str] | None = None) -> bool:
+    """True where bf16 is fast on this CPU: it has native bf16 and oneDNN is not capped below that level
+    (pin_cpu_kernels caps it at AVX2, where bf16 autocast measured ~10x slower than fp32)."""
+    environ = os.environ if environ is None else environ
+    if not cpu_supports_bf16(flags):
+        return False
+    cap = environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return not cap or cap.startswith(_ONEDNN_BF16_LEVELS)
+
+
+def unpinned_environ() -> dict[str, str]:
+    """This process's environment for a child that runs on the CPU's own kernels (bf16 benchmarks): the pinned
+    values removed and pinning switched off."""
+    env = {k: v for k, v in os.environ.items() if PINNED.get(k) != v}
+    env[OPT_OUT] = "0"
+    return env

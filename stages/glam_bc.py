@@ -43,7 +43,7 @@ def main() -> None:
     env = make_env(p.train.env_id)
     build = {"model": p.model, "variant": "lora", "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
              "lora_dropout": p.lora.dropout, "lora_layers": p.lora.layers, "temperature": p.policy.temperature,
-             "length_norm": p.policy.length_norm, "seed": p.bc.seed}
+             "length_norm": p.policy.length_norm, "dtype": p.dtype, "seed": p.bc.seed}
     agent = build_agent(**build)
     samples = bc_samples(agent, episodes, env.get_wrapper_attr("labels"), env.get_wrapper_attr("action_texts"),
                          p.policy.history)
@@ -55,7 +55,8 @@ def main() -> None:
              len(episodes), bot_success, losses[0], losses[-1])
     write_json(OUT.metrics,
                {"samples": len(samples), "episodes": len(episodes), "loss_first": round(losses[0], 4),
-                "loss": round(losses[-1], 4), "seconds": round(time.perf_counter() - start, 1)})
+                "loss": round(losses[-1], 4), "dtype": agent.llm.dtype_name,
+                "seconds": round(time.perf_counter() - start, 1)})
 
 if __name__ == "__main__":
     main()

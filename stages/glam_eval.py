@@ -47,7 +47,7 @@ def agents(p: GlamParams):
 
     def zero_shot():
         agent = build_agent(p.model, "lora", temperature=p.policy.temperature, length_norm=p.policy.length_norm,
-                            frozen=True)
+                            frozen=True, dtype=p.dtype)
         return LLMBatchPolicy(agent, "zero_shot", history=p.policy.history, record_steps=20)
 
     yield "zero_shot", [zero_shot], p.eval.modes
@@ -73,6 +73,7 @@ def main() -> None:
         for name, factories, modes in agents(p):
             start = time.perf_counter()
             results: dict = {}  # (env_id, mode) -> one EvalResult per training seed
+            extra: dict = {}  # an LLM agent's compute dtype
             for factory in factories:
                 policy = factory()
                 for env_id in p.eval.env_ids:
@@ -88,10 +89,11 @@ def main() -> None:
                     env.close()
                 if isinstance(policy, LLMBatchPolicy):
                     write_json(ep_dir / f"{policy.name}_prompts.json", policy.records)
+                    extra["dtype"] = policy.agent.llm.dtype_name
                 del policy
             for env_id in p.eval.env_ids:
                 entry = {mode: headline_of_results(results[env_id, mode]) for mode in modes}
-                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry))
+                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry, **extra))
                 for mode, h in entry.items():
                     rows.append({"agent": f"{name} ({mode})", "level": env_id, "success_rate": h["success"],
                                  "ci_low": h["success_lo"], "ci_high": h["success_hi"]})

@@ -49,10 +49,11 @@ def main() -> None:
                     results[test].append(evaluate_batched(policy, lambda test=test: make_env(g.env_id, variant=test),
                                                           seeds, mode=g.mode, max_steps=g.max_steps, n_envs=g.batch))
                     write_json(prompt_dir / f"{item}_{test}.json", [r["prompt"] for r in policy.records])
+                dtype = agent.llm.dtype_name
                 del agent
             for test in g.tests:
                 h = headline_of_results(results[test])
-                write_json(gen_dir / test / f"{name}.json", metrics_entry({g.mode: h}))
+                write_json(gen_dir / test / f"{name}.json", metrics_entry({g.mode: h}, dtype=dtype))
                 rows.append({"test": f"{name}: {test}", "success_rate": h["success"], "ci_low": h["success_lo"],
                              "ci_high": h["success_hi"]})
                 log.info("%s %s: success %.3f [%.3f, %.3f]", name, test, h["success"], h["success_lo"],

@@ -39,7 +39,7 @@ def main() -> None:
     t = p.train
     build = {"model": p.model, "variant": variant, "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
              "lora_dropout": p.lora.dropout, "lora_layers": p.lora.layers, "temperature": p.policy.temperature,
-             "length_norm": p.policy.length_norm, "seed": seed}
+             "length_norm": p.policy.length_norm, "dtype": p.dtype, "seed": seed}
     agent = build_agent(**build)
     model_dir = ROOT / p.model
     identity = run_identity({"cfg": t.ppo().model_dump(), "history": p.policy.history, "seed": seed, "build": build,
@@ -68,7 +68,8 @@ def main() -> None:
     write_json(out.metrics,
                {**{k: round(float(last[k]), 4) for k in ("success_rate", "return_mean", "policy_loss", "value_loss",
                                                          "entropy", "approx_kl")},
-                "env_steps": int(last["frames"]), "seconds": round(time.perf_counter() - start, 1)})
+                "env_steps": int(last["frames"]), "dtype": agent.llm.dtype_name,
+                "seconds": round(time.perf_counter() - start, 1)})
     checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
 
 

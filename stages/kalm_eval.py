@@ -79,7 +79,7 @@ def main() -> None:
                                         "grounded_llm": any("grounded-llm" in r["headline"] for r in results.values())})
         write_json(out / "episodes.json", [e for r in results.values() for e in r["episodes"]])
     write_json(OUT.headline, {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
-                                                "eval_seconds": round(seconds, 1), "env": fingerprint_line()})
+                                                "seconds": round(seconds, 1), "env": fingerprint_line()})
     with open_live(OUT.live) as live:
         live.log_plot("success_by_policy", [{"policy": f"{r['benchmark']} {r['level']}: {r['row']}",
                                              "success_rate": r["value"]} for r in rows],

@@ -35,7 +35,7 @@ REAL = paths.kalm_data().real
 def main() -> None:
     p = stage_params("kalm.ground", KalmGroundParams)
     torch.set_num_threads(p.threads)
-    metrics: dict = {"env": fingerprint_line(), "autocast": str(autocast_dtype(p)).removeprefix("torch.")}
+    metrics: dict = {"env": fingerprint_line()}
     with atomic_path(OUT.model, is_dir=True) as out:
         for benchmark in p.benchmarks:
             start = time.perf_counter()
@@ -53,6 +53,7 @@ def main() -> None:
                                  finetune="lora" if p.lora is not None else "full",
                                  obs_mean=obs.mean(0).tolist(), obs_std=obs.std(0).tolist())
             model = build_grounded(spec, lora=p.lora)
+            metrics["dtype"] = str(autocast_dtype(p, model.llm.device)).removeprefix("torch.")
             samples = build_samples(model, train, p, rng)
             val_p = p.model_copy(update={k: max(1, v // 8) for k, v in {
                 "trajectory_samples": p.trajectory_samples, "dynamics_samples": p.dynamics_samples,

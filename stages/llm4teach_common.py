@@ -64,7 +64,7 @@ def _backend_factory(p: LLM4TeachTeacherParams):
     def local():
         from llmrl.llm.load import load_model
 
-        return SharedPromptBackend(load_model(model_spec(p.spec)), batch_size=p.batch_size)
+        return SharedPromptBackend(load_model(model_spec(p.spec), dtype=p.dtype), batch_size=p.batch_size)
 
     return f"local-shared-prompt:{p.spec}", local
 
@@ -87,7 +87,7 @@ def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: 
                                  f"log-probs; backend {p.backend!r} only samples")
             from llmrl.llm.load import load_model
 
-            return ScoringPlanner(kind, load_model(model_spec(p.spec)), answer_prefix=p.answer_prefix)
+            return ScoringPlanner(kind, load_model(model_spec(p.spec), dtype=p.dtype), answer_prefix=p.answer_prefix)
         stored = json.loads(scores_file(key).read_text())["records"]
         return TablePlanner(kind, {r["text"]: PlanDistribution(**{k: tuple(v) if isinstance(v, list) else v
                                                                    for k, v in r["distribution"].items()})

@@ -30,6 +30,7 @@ from llmrl.agents.teacher import observation_texts, oracle_plan, plan_texts
 from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
+from llmrl.llm.load import default_device_dtype, dtype_name
 
 OUT = paths.llm4teach_plans()
 
@@ -37,6 +38,9 @@ OUT = paths.llm4teach_plans()
 def main() -> None:
     p = stage_params("llm4teach", LLM4TeachParams)
     torch.set_num_threads(p.teacher.threads)
+    # The local model's compute dtype as load_model resolves it (an endpoint's is the server's business).
+    local = p.teacher.backend == "local"
+    dtype = {"dtype": dtype_name(default_device_dtype(None, p.teacher.dtype)[1])} if local else {}
     keys = list(p.train.envs) if "llm" in p.train.teachers else []
     keys += [MPE_KEY] if "llm" in p.mpe.teachers else []
     with atomic_path(OUT.plans, is_dir=True) as plans_dir, atomic_path(OUT.metrics, is_dir=True) as head_dir:
@@ -56,7 +60,7 @@ def main() -> None:
             mean_p_oracle = sum(t["p_oracle_plan"] for t in per_text.values()) / len(per_text)
             headline = {"invalid_rate": round(stats["invalid_rate"], 4), "error_rate": round(stats["error_rate"], 4),
                         "fallback_texts": stats["fallback_texts"], "mean_p_oracle_plan": round(mean_p_oracle, 4),
-                        "env": fingerprint_line()}
+                        **dtype, "env": fingerprint_line()}
             detail = {**stats, "seconds": round(time.perf_counter() - start, 1),
                       "cache_hits": planner.backend.stats.hits, "cache_misses": planner.backend.stats.misses,
                       "model_loaded": planner.backend.backend.loaded, "mean_p_oracle_plan": mean_p_oracle,
@@ -81,7 +85,8 @@ def main() -> None:
                         "p_oracle_plan": p_oracle, "seconds": round(time.perf_counter() - start, 1),
                         "records": planner.records})
             write_json(head_dir / f"{key}-score.json", {"mean_p_oracle_plan": round(mean_p_oracle, 4),
-                                                        "texts": len(p_oracle), "env": fingerprint_line()})
+                                                        "texts": len(p_oracle), "dtype": dtype_name(planner.llm.dtype),
+                                                        "env": fingerprint_line()})
             log.info("%s (scoring teacher): %d texts, mean P(oracle plan) %.2f, %.0f s", key, len(p_oracle),
                      mean_p_oracle, time.perf_counter() - start)
             del planner

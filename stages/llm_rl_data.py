@@ -1,7 +1,7 @@
 """Stage llm_rl_data: train and test problems in one JSONL format under data/llm_rl/ (train.jsonl, test.jsonl).
 
-Sources (params ``llm_rl.data.source``): the embedded generator (default, offline), GSM8K or MATH from local
-files (``train_path``/``test_path``) or the hub. The test split is only ever read by llm_rl_eval.
+Sources (params ``llm_rl.data.source``): the embedded generator (default, offline), reasoning-gym's
+gsm_symbolic templates (offline), GSM8K or MATH from local files (``train_path``/``test_path``) or the hub. The test split is only ever read by llm_rl_eval.
 """
 
 from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
@@ -11,7 +11,14 @@ prepare_stage_process()
 import paths  # isort: skip
 
 from llmrl.config.llm_rl import MathDataParams
-from llmrl.envs.word_problems.datasets import check_disjoint, load_hub, normalize, read_records, write_jsonl
+from llmrl.envs.word_problems.datasets import (
+    check_disjoint,
+    gsm_symbolic_splits,
+    load_hub,
+    normalize,
+    read_records,
+    write_jsonl,
+)
 from llmrl.envs.word_problems.generator import generated_splits
 from llmrl.files import atomic_path, write_json
 
@@ -34,6 +41,8 @@ def main() -> None:
     p = stage_params("llm_rl.data", MathDataParams)
     if p.source == "generated":
         train, test = generated_splits(p.n_train, p.n_test, p.seed, p.two_step_fraction, p.max_number)
+    elif p.source == "gsm_symbolic":
+        train, test = gsm_symbolic_splits(p.n_train, p.n_test, p.seed, p.test_templates)
     else:
         import random
 

@@ -66,7 +66,7 @@ def main() -> None:
                     log.warning("llm_rl.eval.max_new_tokens: the cap of %d tokens cuts %.0f%% of %s's %s answers "
                                 "(> max_truncated %.0f%%); raise it for a fair comparison", cap,
                                 100 * entry[mode]["truncated"], name, mode, 100 * p.max_truncated)
-            write_json(eval_dir / f"{name}.json", metrics_entry(entry, max_new_tokens=cap))
+            write_json(eval_dir / f"{name}.json", metrics_entry(entry, max_new_tokens=cap, dtype=llm.dtype_name))
             del llm
         live.log_plot("accuracy_by_model", rows, x="accuracy", y="model", template="bar_horizontal",
                       title="Math test accuracy (95% intervals in metrics/llm_rl/eval/)")

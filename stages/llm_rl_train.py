@@ -142,7 +142,8 @@ def main() -> None:
     write_json(outputs.metrics, {
         "samples": len(rollouts), "optimizer_steps": steps, "answer_tokens": c.answer_tokens,
         "tokens": round(float(np.mean(tokens)), 1) if tokens else None,  # generated per sample
-        "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4), "seconds": round(seconds, 1)})
+        "reward_first": round(rewards[0], 4), "reward_last": round(rewards[-1], 4), "dtype": llm.dtype_name,
+        "seconds": round(seconds, 1)})
     checkpoint.unlink(missing_ok=True)  # the outputs are written: the restart point has served
     log.info("%s: %d samples in %.0f s, reward %.3f -> %.3f", variant, len(rollouts), seconds, rewards[0],
              rewards[-1])

@@ -114,6 +114,7 @@ def main() -> None:
                                  if completions else None),
         "seconds": round(time.perf_counter() - t0, 1),
         "train_seconds": round(train_s, 1),
+        "dtype": llm.dtype_name,
         "env": fingerprint_line(),
     }
     write_json(METRICS, metrics)

@@ -167,7 +167,7 @@ def _grounding_params():
     from llmrl.config.kalm import KalmGroundParams
 
     return KalmGroundParams(model="tiny", trajectory_samples=4, dynamics_samples=4, goal_samples=4, reverse_samples=4,
-                            window=4, steps=2, batch_size=4, bf16_autocast=False, lr=3e-3, warmup=0, seed=0)
+                            window=4, steps=2, batch_size=4, dtype="float32", lr=3e-3, warmup=0, seed=0)
 
 
 def _grounding_run(seed):

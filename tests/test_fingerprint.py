@@ -64,3 +64,12 @@ def test_every_stage_script_prepares_its_process_before_other_imports(script):
     assert isinstance(first, ast.ImportFrom) and first.module == "common", script.name
     assert (isinstance(second, ast.Expr) and isinstance(second.value, ast.Call)
             and getattr(second.value.func, "id", None) == "prepare_stage_process"), script.name
+
+
+def test_cpu_runs_bf16_only_unpinned_with_native_bf16():
+    from llmrl.kernels import cpu_runs_bf16
+
+    assert cpu_runs_bf16({"avx512f", "avx512_bf16"}, {})
+    assert cpu_runs_bf16({"amx_bf16"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"})
+    assert not cpu_runs_bf16({"avx512f", "avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"})  # pin_cpu_kernels' cap
+    assert not cpu_runs_bf16({"avx2", "avx512f"}, {})  # AVX-512 without bf16: emulated

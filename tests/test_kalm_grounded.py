@@ -34,7 +34,7 @@ def _model(discrete=False, finetune="lora", obs_dim=D, action_dim=A):
 
 def _params(**kw):
     base = dict(model="tiny", trajectory_samples=4, dynamics_samples=4, goal_samples=4, reverse_samples=4,
-                window=4, steps=3, batch_size=4, bf16_autocast=False, lr=3e-3, warmup=0)
+                window=4, steps=3, batch_size=4, dtype="float32", lr=3e-3, warmup=0)
     return KalmGroundParams(**{**base, **kw})
 
 

@@ -118,12 +118,12 @@ def results(tmp_path_factory) -> Path:
                          "n_seeds": 3, "per_seed": [value] * 3})
     _write(root, f"{m}/kalm/eval/table.json", {"budget": {"seconds": 1.0}, "grounded_llm": False, "levels": levels,
                                                "rows": rows})
-    _write(root, f"{m}/kalm/headline.json", {"env": ENV, "eval_seconds": 1.0, "success_mean_over_levels": {"babyai": {
+    _write(root, f"{m}/kalm/headline.json", {"env": ENV, "seconds": 1.0, "success_mean_over_levels": {"babyai": {
         "babyai-dbc-imagine": 0.2667, "babyai-dbc-real": 0.3722, "random": 0.2667}}})
     for level, true_success in zip(levels, (0.06, 0.08)):
         _write(root, f"{m}/kalm/imagine_babyai_{level}.json",
-               {"env": ENV, "first_step_mae": 0.86672, "goals": 52, "imagine_seconds": 15.6, "imagined_steps": 1200,
-                "imagined_success": 0.0, "load_seconds": 1.1, "mean_length": 24.0, "replay_seconds": 0.3,
+               {"env": ENV, "first_step_mae": 0.86672, "goals": 52, "imagined_steps": 1200,
+                "imagined_success": 0.0, "mean_length": 24.0, "seconds": 17.0,
                 "rollouts": 50, "step_l2": 17.01009, "step_mae": 0.85398, "transitions_per_s": 77.1,
                 "true_success": true_success, "true_success_given_imagined": None})
     _write(root, "plots/kalm/ground/babyai/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))

@@ -13,6 +13,7 @@ from llmrl.config.llm_rl import MathDataParams, ReinforceTrainParams
 from llmrl.envs.word_problems.datasets import (
     MathDataError,
     check_disjoint,
+    gsm_symbolic_splits,
     normalize,
     normalize_gsm8k,
     normalize_math,
@@ -196,6 +197,23 @@ def test_generated_splits_are_disjoint_and_seeded():
     for r in train[:50] + test:
         assert is_correct(r["solution"], r["answer"])  # every generated solution checks out
         assert all(apply_calculator(line)[0] == line for line in r["solution"].split("\n"))
+
+
+def test_gsm_symbolic_splits_hold_out_whole_templates():
+    train, test = gsm_symbolic_splits(200, 40, seed=1)
+    assert len(train) == 200 and len(test) == 40
+    assert not {r["key"] for r in train} & {r["key"] for r in test}  # no test problem is a re-numbered train one
+    check_disjoint(train, test)
+    assert (train, test) == gsm_symbolic_splits(200, 40, seed=1)
+    assert gsm_symbolic_splits(200, 40, seed=2)[1] != test
+    for r in train[:40] + test:
+        assert r["source"] == "gsm_symbolic" and "Do not include units" not in r["problem"]
+        assert is_correct(r["solution"], r["answer"])  # GSM8K-style solutions ending in our answer line
+    with pytest.raises(MathDataError, match="gsm_symbolic: too few distinct problems"):
+        gsm_symbolic_splits(10, 5, seed=1, test_templates=0.01)  # one held-out template: ~3 of the 300 draws
+    with pytest.raises(ParamsError, match="train_path/test_path need source gsm8k or math"):
+        load_section({"llm_rl": {"data": {"source": "gsm_symbolic", "train_path": "x.jsonl"}}}, "llm_rl.data",
+                     MathDataParams)
 
 
 def test_generated_problems_start_easy():

@@ -252,22 +252,23 @@ class LLMPolicy:
 
 def build_agent(model: str, variant: str, *, lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_layers: int | None = None, temperature: float = 1.0, length_norm: bool = False, seed: int = 0,
-                frozen: bool = False) -> LLMActorCritic:
+                frozen: bool = False, dtype: str | None = None) -> LLMActorCritic:
     """A fresh agent: ``lora`` (adapter on a frozen LLM), ``full`` (all weights trainable) or ``npae``
     (LoRA + MLP action head); ``frozen`` loads the LLM untrained and without adapter (zero-shot);
     ``length_norm`` scores candidates by their mean instead of summed token log-prob; ``lora_layers`` puts the
-    adapters on the top layers only, and the ``lora`` variant then reuses the frozen layers' outputs in PPO."""
+    adapters on the top layers only, and the ``lora`` variant then reuses the frozen layers' outputs in PPO;
+    ``dtype`` is the compute dtype (``llmrl.llm.load.resolve_dtype``)."""
     from llmrl.llm.load import LoraSettings, load_model
 
     if variant not in ("lora", "full", "npae"):
         raise ValueError(f"build_agent: variant must be lora, full or npae, got {variant!r}")
     torch.manual_seed(seed)  # LoRA's random A matrices
     if frozen:
-        llm = load_model(model)
+        llm = load_model(model, dtype=dtype)
     elif variant == "full":
-        llm = load_model(model, trainable=True)
+        llm = load_model(model, dtype=dtype, trainable=True)
     else:
-        llm = load_model(model, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout,
+        llm = load_model(model, dtype=dtype, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout,
                                                   layers=lora_layers))
     n_layers = llm.model.config.num_hidden_layers
     trunk = (n_layers - lora_layers if variant == "lora" and not frozen and lora_layers is not None

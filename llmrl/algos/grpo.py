@@ -121,9 +121,10 @@ def recording(reward_funcs: Sequence[RewardFunc], record: list[dict], keys: Sequ
 # ------------------------------------------------------------------------------------------------ trainer
 
 
-def use_bf16(cfg: GRPOTrainParams, device: torch.device) -> bool:
-    """bf16 only where it is wished and the device has it: CUDA with bf16 support, never the CPU."""
-    return cfg.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
+def use_bf16(cfg: GRPOTrainParams, llm: LLM) -> bool:
+    """bf16 mixed precision where it is wished and the LLM computes in bf16 (its dtype, resolved by
+    ``llmrl.llm.load.resolve_dtype``: CUDA with bf16, or a CPU that runs bf16 natively when asked)."""
+    return cfg.bf16 and llm.dtype == torch.bfloat16
 
 
 @dataclass
@@ -201,7 +202,7 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
         max_grad_norm=cfg.max_grad_norm,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        bf16=use_bf16(cfg, llm.device),
+        bf16=use_bf16(cfg, llm),
         # transformers 5 renamed gradient_checkpointing (TRL's default: on); the new name silences the deprecation
         activation_checkpointing=cfg.gradient_checkpointing,
         use_cpu=llm.device.type == "cpu",

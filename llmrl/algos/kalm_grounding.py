@@ -23,6 +23,7 @@ import torch
 from llmrl.config.kalm import KalmGroundParams
 from llmrl.data.trajectories import Episode
 from llmrl.llm.grounded import GroundedLM, TokenSequence, collate, trajectory_prompt
+from llmrl.llm.load import resolve_dtype
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 
@@ -74,14 +75,9 @@ def weighted_loss(losses: dict[str, torch.Tensor], p: KalmGroundParams) -> torch
     return p.obs_weight * losses["obs_loss"] + p.act_weight * losses["act_loss"] + p.token_weight * losses["token_loss"]
 
 
-def autocast_dtype(p: KalmGroundParams) -> torch.dtype:
-    """bf16 where asked and the CPU runs it natively (ATen's AVX-512/AMX level), else fp32."""
-    if not p.bf16_autocast:
-        return torch.float32
-    if torch.cuda.is_available():
-        return torch.bfloat16
-    level = torch.backends.cpu.get_cpu_capability()
-    return torch.bfloat16 if "AVX512" in level.upper() else torch.float32
+def autocast_dtype(p: KalmGroundParams, device: torch.device) -> torch.dtype:
+    """The compute dtype of p.dtype on ``device`` (llmrl.llm.load.resolve_dtype); weights stay fp32."""
+    return resolve_dtype(p.dtype, device)
 
 
 def _autocast(dtype: torch.dtype, device: torch.device):
@@ -96,7 +92,7 @@ def evaluate_losses(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
     """Losses per pattern (``<pattern>/<term>``), each term's mean over the patterns carrying it, and the
     weighted total of those means."""
     model.eval()
-    dtype = autocast_dtype(p)
+    dtype = autocast_dtype(p, model.llm.device)
     pad = model.llm.tokenizer.pad_token_id
     result: dict[str, float] = {}
     per_term: dict[str, list[float]] = {"obs_loss": [], "act_loss": [], "token_loss": []}
@@ -141,7 +137,7 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         return max(0.0, 1 - (step - p.warmup) / max(1, p.steps - p.warmup))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    dtype = autocast_dtype(p)
+    dtype = autocast_dtype(p, model.llm.device)
     pad = model.llm.tokenizer.pad_token_id
     order = rng.permutation(len(pool))
     cursor = 0

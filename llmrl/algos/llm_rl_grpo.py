@@ -23,7 +23,7 @@ from llmrl.llm import LLM
 
 def trainer_params(common: CommonTrainParams, grpo: GRPOParams, *, bf16: bool = False) -> GRPOTrainParams:
     """GRPO settings for the budget ``reinforce_kl`` also trains with: the same samples, optimiser steps, lr and
-    schedule, gradient clip and tokens per answer. ``bf16`` is honoured on a CUDA device with bf16 only."""
+    schedule, gradient clip and tokens per answer; ``bf16`` where the LLM computes in bf16."""
     steps_per_generation = common.problems_per_iteration * common.group_size // common.micro_batch
     return GRPOTrainParams(
         learning_rate=grpo.learning_rate or common.lr, loss_type=grpo.loss_type, beta=grpo.beta,

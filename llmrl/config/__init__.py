@@ -20,6 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 T = TypeVar("T", bound=BaseModel)
 
 
+# An LLM's compute dtype: auto = bf16 where the device computes it natively, else fp32 (llmrl.llm.load.resolve_dtype).
+ComputeDType = Literal["auto", "float32", "bfloat16"]
+DTYPE_HELP = ("LLM compute dtype: auto = bf16 where the device computes it natively (CUDA with bf16; a CPU with "
+              "AVX-512-BF16/AMX when LLMRL_PIN_KERNELS=0), else fp32; recorded in the metrics")
+
+
 class ParamsError(ValueError):
     """Invalid parameters; the message names every offending key path."""
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import Section
+from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 from llmrl.config.ppo import PPOParams
 
@@ -96,6 +96,7 @@ class GlamGeneralisation(Section):
 class GlamParams(Section):
     model: str = Field(description="base model spec (models/base_llm, embedded:..., tiny, a hub name)")
     threads: int = Field(2, gt=0, description="torch CPU threads")
+    dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     lora: LoraSettings = Field(LoraSettings(dropout=0.0), description="LoRA adapter of the lora variant "
                                                                          "(dropout 0 keeps PPO's ratios exact)")
     policy: GlamPolicy = GlamPolicy()

@@ -46,8 +46,9 @@ class GRPOTrainParams(Section):
     lr_scheduler_type: Literal["linear", "constant", "cosine"] = Field("linear", description="learning-rate schedule")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     seed: int = Field(0, ge=0, description="seed of TRL's sampler, the adapter's initialisation and sampling")
-    bf16: bool = Field(True, description="bf16 mixed precision where the device supports it (CUDA with bf16); "
-                                         "always off on CPU")
+    bf16: bool = Field(True, description="bf16 mixed precision where the LLM's resolved dtype is bf16 (the "
+                                         "stage's dtype: auto gives it on CUDA with bf16 and on CPUs that run bf16 "
+                                         "natively when unpinned)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (saves "
                                                             "memory, costs time; TRL's default is on)")
     share_prompt_prefix: bool = Field(True, description="score completions with the micro-batch's common "

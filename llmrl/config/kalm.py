@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llmrl.config import Section
+from llmrl.config import ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
 BenchmarkName = Literal["metaworld", "babyai"]
@@ -139,10 +139,10 @@ class KalmGroundParams(Section):
     obs_weight: float = Field(0.5, ge=0, description="weight of L_obs (KALM: 0.5)")
     act_weight: float = Field(0.5, ge=0, description="weight of L_act (KALM: 0.5)")
     token_weight: float = Field(1.0, ge=0, description="weight of L_token (KALM: 1.0)")
-    bf16_autocast: bool = Field(True, description="torch.autocast(bfloat16) for forward/backward where the kernels "
-                                "run bf16 natively (CUDA, or ATen at the AVX-512/AMX level; weights stay fp32). "
-                                "Stages pin CPU kernels to AVX2 (llmrl/kernels.py), so CPU runs stay fp32 unless "
-                                "LLMRL_PIN_KERNELS=0; the dtype used is recorded")
+    dtype: ComputeDType = Field("auto", description="compute dtype of forward/backward (weights stay fp32; bf16 "
+                                "runs under torch.autocast): auto = bf16 where the device computes it natively "
+                                "(CUDA with bf16; a CPU with AVX-512-BF16/AMX when LLMRL_PIN_KERNELS=0), else fp32; "
+                                "recorded in the metrics")
     seed: int = Field(0, ge=0, description="seed of sampling, initialisation and batch order")
     threads: int = Field(1, gt=0, description="torch threads")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import Section
+from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.ppo import DistillParams, PPOParams
 
 EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
@@ -18,6 +18,7 @@ class LLM4TeachTeacherParams(Section):
                                                 "openai: an OpenAI-compatible endpoint (openai_api)")
     spec: str = Field("models/base_llm", description="model spec for the local backend (folder, embedded:..., hub "
                       "name, tiny); with backend openai and openai_api completions, the served model's tokenizer")
+    dtype: ComputeDType = Field("auto", description="local backend: " + DTYPE_HELP)
     openai_model: str = Field("", description="model name for the openai backend")
     openai_base_url: str = Field("", description="base URL for the openai backend")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")

@@ -6,13 +6,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import Section
+from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
 
 class MathDataParams(Section):
-    source: Literal["generated", "gsm8k", "math"] = Field(
-        "generated", description="generated: the embedded GSM-style generator; gsm8k / math: a real data set")
+    source: Literal["generated", "gsm_symbolic", "gsm8k", "math"] = Field(
+        "generated", description="generated: the embedded GSM-style generator; gsm_symbolic: reasoning-gym's "
+        "GSM8K-derived templates (offline); gsm8k / math: a real data set")
     train_path: str | None = Field(None, description="local .jsonl/.json/.parquet train file (gsm8k/math); "
                                                      "None reads the hub")
     test_path: str | None = Field(None, description="local test file (gsm8k/math); None reads the hub")
@@ -22,12 +23,14 @@ class MathDataParams(Section):
     n_train: int = Field(600, gt=0, description="train problems kept (generated: produced)")
     n_test: int = Field(100, gt=0, description="test problems kept, the first n_test of the test split")
     seed: int = Field(0, ge=0, description="seed of the generator and of the train-order shuffle")
+    test_templates: float = Field(0.2, gt=0, lt=1, description="gsm_symbolic: seeded share of the templates "
+                                  "that only the test split draws from")
     two_step_fraction: float = Field(0.2, ge=0, le=1, description="generated: share of two-operation problems")
     max_number: int = Field(20, ge=3, description="generated: largest operand")
 
     @model_validator(mode="after")
     def _paths_need_real_source(self):
-        if self.source == "generated" and (self.train_path or self.test_path):
+        if self.source in ("generated", "gsm_symbolic") and (self.train_path or self.test_path):
             raise ValueError("train_path/test_path need source gsm8k or math")
         return self
 
@@ -57,7 +60,7 @@ class CommonTrainParams(Section):
                                                       "(original: 32 (state, line) samples)")
     gen_batch_size: int = Field(24, gt=0, description="prompts generated together")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
-    dtype: str | None = Field(None, description="float32/bfloat16; None: bf16 on GPU, fp32 on CPU")
+    dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
 

