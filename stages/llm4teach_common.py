@@ -66,7 +66,10 @@ def _backend_factory(p: LLM4TeachTeacherParams):
 
         return SharedPromptBackend(load_model(model_spec(p.spec), dtype=p.dtype), batch_size=p.batch_size)
 
-    return f"local-shared-prompt:{p.spec}", local
+    from llmrl.llm.load import default_device_dtype, reply_tag
+
+    # The local backend's model_id, known before the model is loaded (a cache hit never loads it).
+    return f"local-shared-prompt:{p.spec}{reply_tag(default_device_dtype(None, p.dtype)[1])}", local
 
 
 def scores_file(key: str) -> Path:

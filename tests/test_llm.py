@@ -202,3 +202,13 @@ def test_bf16_scores_stay_close_to_fp32():
     bf16 = load_model("tiny", device="cpu", dtype="bfloat16")
     a, b = score(fp32, PROMPTS, ACTIONS), score(bf16, PROMPTS, ACTIONS)
     assert 0 < _max_diff(a, b) < 0.05
+
+
+def test_bf16_replies_get_their_own_cache_identity():
+    from llmrl.llm.backends import LocalBackend, SharedPromptBackend
+
+    fp32 = load_model("tiny", device="cpu", dtype="float32")
+    bf16 = load_model("tiny", device="cpu", dtype="bfloat16")
+    assert LocalBackend(fp32).model_id == "local:tiny"  # fp32 keys as before
+    assert LocalBackend(bf16).model_id == "local:tiny@bfloat16"
+    assert SharedPromptBackend(bf16).model_id == "local-shared-prompt:tiny@bfloat16"

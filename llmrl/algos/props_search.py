@@ -151,12 +151,12 @@ def build_optimizer_llm(
 ) -> OptimizerLLM:
     """Backend from params: a local model (optionally with a peft adapter) or an OpenAI-compatible endpoint,
     wrapped in the content-addressed reply cache when ``cache_dir`` is given. ``llm`` reuses a loaded model."""
-    from llmrl.llm.load import load_model, load_tokenizer
+    from llmrl.llm.load import load_model, load_tokenizer, reply_tag
 
     adapter = str(adapter) if adapter else None
     if p.backend == "local":
         if llm is None:
-            llm = load_model(p.spec)
+            llm = load_model(p.spec, dtype=p.dtype)
             if adapter:
                 from peft import PeftModel
 
@@ -164,7 +164,7 @@ def build_optimizer_llm(
                 llm.model.eval()
         backend: Backend = LocalBackend(llm, batch_size=p.batch_size, shared_prefix=True)
         backend.model_id = f"local-shared-prefix:{p.spec}" + (f"+{adapter}" if adapter else "") + \
-            f"@{_model_fingerprint(p.spec, adapter)}"
+            f"@{_model_fingerprint(p.spec, adapter)}{reply_tag(llm.dtype)}"
         tokenizer = llm.tokenizer
     else:
         if adapter:

@@ -53,6 +53,7 @@ class PropsLLMParams(Section):
         "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
         "llmrl.llm.serve); 'chat' lets the server render it (hosted chat APIs; not every server continues an "
         "answer prefix)")
+    dtype: ComputeDType = Field("auto", description="local backend: " + DTYPE_HELP)
     batch_size: int = Field(16, gt=0, description="local backend: prompts per generate() batch")
     offline: bool = Field(False, description="serve replies only from the reply cache; a miss is an error")
     max_new_tokens: int = Field(96, gt=0, description="reply length cap in tokens (the answer is one line)")

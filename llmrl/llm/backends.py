@@ -25,7 +25,7 @@ import torch
 
 from llmrl.files import atomic_path
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
-from llmrl.llm.load import LLM, render_chat
+from llmrl.llm.load import LLM, render_chat, reply_tag
 from llmrl.llm.prefix import generate_shared_prefix
 
 
@@ -48,7 +48,7 @@ class LocalBackend:
         self.llm = llm
         self.batch_size = batch_size
         self.shared_prefix = shared_prefix
-        self.model_id = f"{'local-shared-prefix' if shared_prefix else 'local'}:{llm.spec}"
+        self.model_id = f"{'local-shared-prefix' if shared_prefix else 'local'}:{llm.spec}{reply_tag(llm.dtype)}"
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
         if self.shared_prefix:
@@ -280,7 +280,7 @@ class SharedPromptBackend:
     def __init__(self, llm, batch_size: int = 10):
         self.llm = llm
         self.batch_size = batch_size  # copies decoded together; bounds memory on large models
-        self.model_id = f"local-shared-prompt:{llm.spec}"
+        self.model_id = f"local-shared-prompt:{llm.spec}{reply_tag(llm.dtype)}"
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
         tok, model = self.llm.tokenizer, self.llm.model

@@ -88,6 +88,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def reply_tag(dtype: torch.dtype) -> str:
+    """What a reply-cache identity adds for a local model's compute dtype: bf16 samples differ from fp32 ones,
+    so they never share cache entries (empty for fp32, so fp32 keys stay as they were)."""
+    return "" if dtype == torch.float32 else f"@{dtype_name(dtype)}"
+
+
 def render_chat(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict]) -> str:
     """A conversation as text under ``tokenizer``'s chat template, ready for the model to continue: a plain
     string is one user message; a final assistant turn (an answer prefix) is continued rather than closed
