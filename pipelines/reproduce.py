@@ -76,8 +76,9 @@ class StageNode:
     # DVC keeps no run-cache entry for a stage with a `persist` out (e.g. a reply cache that grows across
     # runs) or an uncached out that is not a metric or plot: such a stage cannot move between workspaces.
     run_cacheable: bool = True
-    # The longest chain of stages (this one included) that wait on this stage's outputs: its priority for cores.
-    chain: int = 1
+    # The longest chain of stages (this one included) that wait on this stage's outputs, in minutes (each stage's
+    # `meta.minutes`, measured; 1 where none is declared): its priority for cores (critical path first).
+    chain: float = 1
     # Its `metrics:` outputs (files or folders), relative to the repository root: what its artifact shows.
     metrics: tuple[str, ...] = ()
 
@@ -101,8 +102,11 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None) -> list[StageN
                 wanted |= nx.descendants(graph, s)
             order = [s for s in order if s in wanted]
         chain: dict = {}
-        for s in order[::-1]:  # dependents first: a stage's chain is one longer than its longest dependent's
-            chain[s] = 1 + max((chain[d] for d in graph.predecessors(s) if d in chain), default=0)
+        for s in order[::-1]:  # dependents first: a stage's chain is its minutes plus its longest dependent's
+            minutes = (s.meta or {}).get("minutes", 1)
+            if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0:
+                raise ValueError(f"stage {s.addressing}: meta.minutes must be a positive number, got {minutes!r}")
+            chain[s] = minutes + max((chain[d] for d in graph.predecessors(s) if d in chain), default=0)
         nodes = []
         for s in order:
             meta = s.meta or {}
@@ -132,8 +136,9 @@ class CoreSlots:
     Written here because Prefect's concurrency limits live on the API server and poll, while these are one
     machine's resources. Waiting stages are served first-fit by priority, then arrival: the first request that
     fits goes first, so a one-core stage may start beside a running one while a two-core stage waits for both.
-    The flow gives a stage the length of the longest chain of stages that wait on it, so a long chain (KALM's
-    data → grounding → imagination → offline RL → evaluation) starts early instead of last.
+    The flow gives a stage the length of the longest chain of stages that wait on it, in declared minutes
+    (``meta.minutes``, 1 by default), so a long chain (KALM's data → grounding → imagination → offline RL →
+    evaluation) or a long stage (GLAM's 13-minute training seeds) starts early instead of last.
     Memory (``meta.mem_gib``, a stage's measured peak) keeps two large stages from running side by side.
     """
 

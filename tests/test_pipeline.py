@@ -148,6 +148,8 @@ def test_prefect_flow_runs_dag_in_order(tmp_path):
     assert [n.name for n in nodes] == ["prepare", "train", "report"]
     assert [n.gpu for n in nodes] == [False, True, False]
     assert [n.chain for n in nodes] == [3, 2, 1]  # the stages waiting on each, itself included: its priority
+    (root / "dvc.yaml").write_text(TOY_DVC.replace("gpu: true", "gpu: true\n      minutes: 13"))
+    assert [n.chain for n in read_dag(root)] == [15, 14, 1]  # minutes on the critical path, not stage counts
     assert [n.name for n in read_dag(root, ["train"])] == ["prepare", "train"]
     with pytest.raises(ValueError, match="unknown stage"):
         read_dag(root, ["nope"])
