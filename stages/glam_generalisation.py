@@ -2,9 +2,10 @@
 
 Each test is a text variant of the same level (llmrl.envs.babyai_text.languages.VARIANTS): renamed nouns, colour
 synonyms, invented nouns / adjectives / both, rephrased goals, renamed actions, French; "none" is the
-untransformed reference. Same seeds for every test, so differences come from the text alone. Headline per
-test and agent in metrics/glam/generalisation/<test>/<agent>.json (training seeds of a variant pooled as
-seeds); the first prompts of each test under metrics/glam/generalisation_prompts/ (a plain out).
+untransformed reference. Same seeds for every test, so differences come from the text alone. An agent
+variant's ``episodes`` are split over its training seeds (each runs ceil(episodes / seeds)). Headline per test
+and agent in metrics/glam/generalisation/<test>/<agent>.json (training seeds of a variant pooled as seeds);
+the first prompts of each test under metrics/glam/generalisation_prompts/ (a plain out).
 """
 
 from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
@@ -12,6 +13,8 @@ from common import log, open_live, prepare_stage_process, stage_params  # isort:
 prepare_stage_process()
 
 import paths  # isort: skip
+
+import math
 
 import torch
 
@@ -31,7 +34,6 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"glam.generalisation.tests: unknown {unknown}; known: {sorted(VARIANTS)}")
     torch.set_num_threads(p.threads)
-    seeds = range(g.seed, g.seed + g.episodes)
     rows = []
     agents = {f"glam_{v}": [(f"{v}-{s}", paths.glam_train(f"{v}-{s}").model) for s in p.train.seeds]
               for v in p.train.variants}
@@ -42,6 +44,8 @@ def main() -> None:
             atomic_path(out.prompts, is_dir=True) as prompt_dir:
         for name, items in agents.items():
             results: dict = {test: [] for test in g.tests}
+            # a test's headline pools the agent's training seeds: the episodes are split over them
+            seeds = range(g.seed, g.seed + math.ceil(g.episodes / len(items)))
             for item, folder in items:
                 agent, meta = load_agent(folder)
                 for test in g.tests:

@@ -25,6 +25,7 @@ from llmrl.envs import kalm_levels as kl
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import GroundingSpec, build_grounded
+from llmrl.llm.load import dtype_name
 from llmrl.seeding import seed_everything
 
 HEADLINE = ("loss", "obs_loss", "act_loss", "token_loss")
@@ -53,7 +54,7 @@ def main() -> None:
                                  finetune="lora" if p.lora is not None else "full",
                                  obs_mean=obs.mean(0).tolist(), obs_std=obs.std(0).tolist())
             model = build_grounded(spec, lora=p.lora)
-            metrics["dtype"] = str(autocast_dtype(p, model.llm.device)).removeprefix("torch.")
+            metrics["dtype"] = dtype_name(autocast_dtype(p, model.llm.device))
             samples = build_samples(model, train, p, rng)
             val_p = p.model_copy(update={k: max(1, v // 8) for k, v in {
                 "trajectory_samples": p.trajectory_samples, "dynamics_samples": p.dynamics_samples,

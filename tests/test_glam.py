@@ -160,6 +160,15 @@ def test_bad_params_name_the_key():
                                          "variants": ["lora"]}}}, "glam.train", GlamTrain)
 
 
+def test_generalisation_runs_at_least_100_episodes_per_test():
+    from llmrl.config import ParamsError, load_section
+    from llmrl.config.glam import GlamGeneralisation
+
+    section = {"env_id": ENV, "episodes": 99, "seed": 300000, "tests": ["none"]}
+    with pytest.raises(ParamsError, match=r"glam.generalisation.episodes: must be >= 100, got 99"):
+        load_section({"glam": {"generalisation": section}}, "glam.generalisation", GlamGeneralisation)
+
+
 def test_time_limit_truncation_is_bootstrapped_with_the_cut_state_value():
     """A step cut by ``max_steps`` (not terminal) gets reward + gamma * V(s_cut); a terminal step does not."""
     from llmrl.algos.ppo_llm import EnvSlot

@@ -23,7 +23,7 @@ import torch
 from llmrl.config.kalm import KalmGroundParams
 from llmrl.data.trajectories import Episode
 from llmrl.llm.grounded import GroundedLM, TokenSequence, collate, trajectory_prompt
-from llmrl.llm.load import resolve_dtype
+from llmrl.llm.load import dtype_name, resolve_dtype
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 
@@ -159,4 +159,4 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         opt.step()
         sched.step()
         yield {"step": step + 1, "loss": float(loss), **{k: float(v) for k, v in losses.items()}, "lr": lr,
-               "autocast": str(dtype).removeprefix("torch.")}
+               "autocast": dtype_name(dtype)}

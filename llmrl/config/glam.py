@@ -84,7 +84,8 @@ class GlamEval(Section):
 
 class GlamGeneralisation(Section):
     env_id: str = Field(description="level the text variants are applied to")
-    episodes: int = Field(gt=0, description="episodes per agent and test")
+    episodes: int = Field(ge=100, description="episodes per agent variant and test (>= 100), split evenly over "
+                                             "its training seeds: each runs ceil(episodes / seeds)")
     seed: int = Field(ge=0, description="first seed (disjoint from training seeds)")
     max_steps: int | None = Field(None, gt=0, description="cut episodes after this many steps")
     mode: Literal["greedy", "sampled"] = Field("greedy", description="action selection")
