@@ -88,7 +88,7 @@ class _IdsTokenizer:
 
 
 SMALL = dict(n_envs=2, frames_per_env=3, updates=1, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-4, max_steps=6)
-# GLAM's CPU default when issue 12 set the target (4 envs x 4 frames); the default now trains 20 updates of
+# GLAM's CPU default when issue 12 set the target (4 envs x 4 frames); the default now trains 18 updates of
 # 16 x 8 frames on the trunk path (params.yaml), which the kv path could not afford.
 DEFAULT = dict(n_envs=4, frames_per_env=4, updates=1, epochs=2, minibatch_size=16, micro_batch=8, lr=1e-4,
                max_steps=6)

@@ -15,15 +15,17 @@ about twice the fp32 training speed; ``--pin`` reproduces the stages' fp32 path.
 Needs ``data/llm_rl/train.jsonl`` (``dvc repro llm_rl_data``) and ``models/base_llm`` (or ``--model``).
 Writes bench/results/llm_rl_curve.json (a record of this measurement, not a DVC metric).
 
-Usage: python scripts/llm_rl_curve.py [--iterations 24] [--every 6] [--seeds 0 1] [--val 100]
+Usage: python scripts/llm_rl_curve.py [--iterations 24] [--every 6] [--seeds 0 1] [--val 100] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +64,38 @@ def interval(per_seed: list[list[float]], rate: bool) -> dict:
     return {"value": round(a.value, 4), "lo": round(a.ci_low, 4), "hi": round(a.ci_high, 4), "seeds": a.n_seeds}
 
 
+def run_seed(seed: int, args: argparse.Namespace, section: dict, shots, problems, val, cap: int,
+             checkpoints: list[int]) -> dict:
+    """One training seed: REINFORCE-KL for ``args.iterations``, greedy validation accuracy at the checkpoints."""
+    keep_caches_under(ROOT / ".cache")
+    torch.set_num_threads(args.threads)
+    cfg = load_section({"llm_rl": {"train": {**section, "common": {
+        **section["common"], "seed": seed, "iterations": args.iterations, "dtype": args.dtype,
+        "threads": args.threads}}}}, "llm_rl.train", ReinforceTrainParams)
+    seed_everything(seed)
+    llm = load_model(args.model, dtype=cfg.common.dtype, lora=cfg.common.lora)
+    algo = ReinforceKL(llm, cfg, problems, shots)
+    curve, rewards, t0 = [], [], time.perf_counter()
+    for it in range(args.iterations + 1):
+        if it in checkpoints:
+            llm.model.eval()
+            with torch.no_grad():
+                correct = greedy_correct(llm, val, shots, cap)
+            llm.model.train()
+            curve.append({"iteration": it, "samples": it * cfg.common.problems_per_iteration
+                          * cfg.common.group_size, "correct": correct,
+                          "accuracy": round(float(np.mean(correct)), 4),
+                          "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"seed {seed} iteration {it}: validation accuracy {curve[-1]['accuracy']:.3f} "
+                  f"({curve[-1]['seconds']:.0f} s)", flush=True)
+        if it < args.iterations:
+            stats, _ = algo.step()
+            rewards.append(round(stats["average_reward"], 4))
+            print(f"seed {seed}   iteration {it}: reward {stats['average_reward']:.3f}, "
+                  f"KL {stats['divergence']:.4f}", flush=True)
+    return {"seed": seed, "dtype": llm.dtype_name, "train_reward": rewards, "curve": curve}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=24)
@@ -70,7 +104,8 @@ def main() -> None:
     ap.add_argument("--val", type=int, default=100, help="validation problems: the last N of the train split")
     ap.add_argument("--model", default=str(ROOT / "models" / "base_llm"))
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per seed")
+    ap.add_argument("--workers", type=int, default=1, help="seeds run side by side in processes")
     ap.add_argument("--pin", action="store_true", help="pin the kernels to AVX2 as the stages do (fp32)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -86,34 +121,12 @@ def main() -> None:
     shots, problems, val = train[:few], train[few:-args.val], train[-args.val:]
     cap = section["common"]["answer_tokens"]
     checkpoints = sorted({0, *range(args.every, args.iterations + 1, args.every), args.iterations})
-    runs = []
-    for seed in args.seeds:
-        cfg = load_section({"llm_rl": {"train": {**section, "common": {
-            **section["common"], "seed": seed, "iterations": args.iterations, "dtype": args.dtype,
-            "threads": args.threads}}}}, "llm_rl.train", ReinforceTrainParams)
-        seed_everything(seed)
-        llm = load_model(args.model, dtype=cfg.common.dtype, lora=cfg.common.lora)
-        algo = ReinforceKL(llm, cfg, problems, shots)
-        curve, rewards, t0 = [], [], time.perf_counter()
-        for it in range(args.iterations + 1):
-            if it in checkpoints:
-                llm.model.eval()
-                with torch.no_grad():
-                    correct = greedy_correct(llm, val, shots, cap)
-                llm.model.train()
-                curve.append({"iteration": it, "samples": it * cfg.common.problems_per_iteration
-                              * cfg.common.group_size, "correct": correct,
-                              "accuracy": round(float(np.mean(correct)), 4),
-                              "seconds": round(time.perf_counter() - t0, 1)})
-                print(f"seed {seed} iteration {it}: validation accuracy {curve[-1]['accuracy']:.3f} "
-                      f"({curve[-1]['seconds']:.0f} s)", flush=True)
-            if it < args.iterations:
-                stats, _ = algo.step()
-                rewards.append(round(stats["average_reward"], 4))
-                print(f"  iteration {it}: reward {stats['average_reward']:.3f}, KL {stats['divergence']:.4f}",
-                      flush=True)
-        runs.append({"seed": seed, "dtype": llm.dtype_name, "train_reward": rewards, "curve": curve})
-        del llm, algo
+    jobs = [(seed, args, section, shots, problems, val, cap, checkpoints) for seed in args.seeds]
+    if args.workers > 1:  # one process per seed (each with --threads): the seeds are independent runs
+        with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            runs = list(pool.map(run_seed, *zip(*jobs)))
+    else:
+        runs = [run_seed(*job) for job in jobs]
     base = runs[0]["curve"][0]["correct"]  # greedy base answers do not depend on the training seed
     table = []
     for k, it in enumerate(checkpoints):
@@ -121,9 +134,9 @@ def main() -> None:
         gain = [list(np.subtract(a, base)) for a in acc]
         table.append({"iteration": it, "samples": runs[0]["curve"][k]["samples"],
                       "accuracy": interval(acc, rate=True), "gain_over_base": interval(gain, rate=False)})
-    for r in runs:
+    for r in runs:  # per problem, in validation order: "1" correct, "0" not (the pairing the gain needs)
         for point in r["curve"]:
-            point["correct"] = int(sum(point["correct"]))
+            point["correct"] = "".join(str(int(c)) for c in point["correct"])
     write_json(args.out, {
         "what": "REINFORCE-KL greedy validation accuracy by iteration (llm_rl.train settings, more iterations)",
         "validation": f"the last {args.val} problems of data/llm_rl/train.jsonl (never trained on)",
