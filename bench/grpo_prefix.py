@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -30,6 +30,8 @@ import torch
 
 from llmrl.files import atomic_path
 
+__all__ = ["project_sources", "RunIdentity", "run_identity", "save_checkpoint", "load_resumable"]
+
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _CHUNK = 1 << 20

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+__all__ = ["atomic_path", "write_json", "write_text", "save_torch"]
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:

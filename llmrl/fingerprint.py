@@ -14,6 +14,8 @@ import platform
 
 from llmrl.kernels import cpu_flags, cpu_supports_bf16
 
+__all__ = ["environment_fingerprint", "fingerprint_line"]
+
 _LIBRARIES = ("torch", "numpy", "transformers", "peft", "trl", "d3rlpy", "gymnasium", "minigrid", "metaworld",
               "mujoco", "stable-baselines3")
 

@@ -24,6 +24,9 @@ from __future__ import annotations
 import os
 import platform
 
+__all__ = ["PINNED", "OPT_OUT", "cpu_flags", "pin_cpu_kernels", "cpu_supports_bf16", "cpu_runs_bf16",
+           "unpinned_environ"]
+
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 OPT_OUT = "LLMRL_PIN_KERNELS"
 

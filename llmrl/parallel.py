@@ -18,6 +18,8 @@ from pathlib import Path
 
 from llmrl.files import atomic_path
 
+__all__ = ["run_seeds", "run_seeds_into"]
+
 
 def run_seeds(run_seed: Callable[[int], None], seeds: Sequence[int], workers: int) -> None:
     """``run_seed(seed)`` for every seed, ``workers`` at a time (in this process when ``workers`` is 1).

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+__all__ = ["keep_caches_under"]
+
 # Libraries that keep state under $HOME read these variables once, at import.
 CACHE_VARIABLES = {"HF_HOME": "hf", "PREFECT_HOME": "prefect", "MPLCONFIGDIR": "matplotlib", "XDG_CACHE_HOME": "xdg",
                    "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}

@@ -8,6 +8,8 @@ import random
 import numpy as np
 import torch
 
+__all__ = ["seed_everything"]
+
 
 def seed_everything(seed: int, *, deterministic_torch: bool = True) -> np.random.Generator:
     """Seed Python, NumPy and torch; return a NumPy Generator derived from the same seed."""

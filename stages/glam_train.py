@@ -5,6 +5,11 @@ it only serves a restart, so a pushed and pulled clone has nothing uncached), st
 the base model's content, the source of every project module loaded). A restarted stage continues from a checkpoint
 of the same run, ending with the metrics of an uninterrupted run; any other checkpoint is discarded with a log line.
 The checkpoint is removed once the outputs are written.
+
+Several devices: ``accelerate launch --multi_gpu --num_processes N stages/glam_train.py <item>`` trains with DDP
+(without CUDA on CPU over gloo; ``--cpu`` would start one process). Every process collects the same rollouts and
+trains on its 1/N share of each minibatch (``llmrl.algos.ppo_llm``); the main process writes the outputs, and such
+a run keeps no restart point.
 """
 
 from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
@@ -14,6 +19,7 @@ prepare_stage_process()
 import paths  # isort: skip
 from paths import RESUME  # isort: skip
 
+import os
 import sys
 import time
 
@@ -40,7 +46,12 @@ def main() -> None:
     build = {"model": p.model, "variant": variant, "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
              "lora_dropout": p.lora.dropout, "lora_layers": p.lora.layers, "temperature": p.policy.temperature,
              "length_norm": p.policy.length_norm, "dtype": p.dtype, "seed": seed}
-    agent = build_agent(**build)
+    accelerator = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by `accelerate launch --num_processes N`
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    agent = build_agent(**build, device=str(accelerator.device) if accelerator is not None else None)
     model_dir = ROOT / p.model
     identity = run_identity({"cfg": t.ppo().model_dump(), "history": p.policy.history, "seed": seed, "build": build,
                              "env_id": t.env_id},
@@ -50,11 +61,16 @@ def main() -> None:
     start = time.perf_counter()
     rows = []
     for row in train(agent, lambda: make_env(t.env_id), t.ppo(), history=p.policy.history, seed=seed,
-                     checkpoint=checkpoint, identity=identity):
+                     checkpoint=checkpoint if accelerator is None else None, identity=identity,
+                     accelerator=accelerator):
         rows.append(row)
+        if accelerator is not None and not accelerator.is_main_process:
+            continue
         log.info("update %d%s: success %.3f entropy %.3f loss %.4f fps %.2f", row["iteration"],
                  " (restored)" if row.get("resumed") else "", row["success_rate"], row["entropy"], row["loss"],
                  row["fps"])
+    if accelerator is not None and not accelerator.is_main_process:
+        return
     save_agent(agent, out.model,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})
     # Curves are logged from the full history, so a resumed run draws the same plot as an uninterrupted one.

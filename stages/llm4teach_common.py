@@ -92,9 +92,8 @@ def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: 
 
             return ScoringPlanner(kind, load_model(model_spec(p.spec), dtype=p.dtype), answer_prefix=p.answer_prefix)
         stored = json.loads(scores_file(key).read_text())["records"]
-        return TablePlanner(kind, {r["text"]: PlanDistribution(**{k: tuple(v) if isinstance(v, list) else v
-                                                                   for k, v in r["distribution"].items()})
-                                   for r in stored}, "llm_score")
+        return TablePlanner(kind, {r["text"]: PlanDistribution.from_dict(r["distribution"]) for r in stored},
+                            "llm_score")
     model_id, factory = _backend_factory(p)
     backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(paths.llm4teach_plans().replies),
                             offline=offline)

@@ -4,7 +4,7 @@ Writes models/llm_rl/<variant>/ (the LoRA adapter or the whole model, every samp
 rollouts.jsonl, the rendered prompt of the first problem), metrics/llm_rl/train_<variant>.json and dvclive
 curves under plots/llm_rl/train_<variant>/.
 
-Several devices: ``accelerate launch --num_processes N [--cpu] stages/llm_rl_train.py reinforce_kl`` trains
+Several devices: ``accelerate launch --multi_gpu --num_processes N stages/llm_rl_train.py reinforce_kl`` trains
 REINFORCE-KL with DDP (``ReinforceKL``'s accelerator: every process collects the same episodes and trains on its
 share of each micro-batch; the result equals one process at the same ``common.micro_batch``, tested with 2 CPU
 processes); the main process writes the outputs. Such a run keeps no restart point.

@@ -1,4 +1,5 @@
-"""REINFORCE-KL under accelerate: 2 CPU processes (DDP over gloo) give the update of one process, same global batch."""
+"""REINFORCE-KL and GLAM's PPO under accelerate: 2 CPU processes (DDP over gloo) give the updates of one process at
+the same global batch."""
 
 from __future__ import annotations
 
@@ -92,4 +93,74 @@ def test_two_cpu_processes_match_one_process(tmp_path):
         for one, many in zip(stats, rank_stats, strict=True):
             assert one.keys() == many.keys()
             for k in one:
+                assert many[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
+
+
+# GLAM's PPO: 11 frames in minibatches of 6 and 5, micro-batches of 2. In the minibatch of 5 one process runs
+# micro-batches of 2, 2 and 1; over 2 processes rank 0 takes 3 samples (2 + 1) and rank 1 takes 2 plus a weight-0
+# micro-batch, so both run the same number of backward passes. LoRA on the top layer only: the frozen trunk's
+# cached states are reused.
+GLAM_CFG = dict(n_envs=1, frames_per_env=11, updates=2, epochs=2, minibatch_size=6, micro_batch=2, lr=1e-3)
+GLAM_ENV = "BabyAI-Text-GoToObjS4-v0"
+# Measured max |Δ| of the trainable weights, 2 processes vs 1, after the 2 updates: 2.2e-8 (without the factor N
+# on the rank losses: 3.3e-3). The tolerance is REINFORCE-KL's.
+GLAM_ATOL = 1e-6
+
+
+def _glam_run(accelerator=None):
+    from llmrl.agents.llm_policy import build_agent
+    from llmrl.algos.ppo_llm import train
+    from llmrl.config.glam import GlamPPO
+    from llmrl.envs import make_env
+
+    agent = build_agent("tiny", "lora", seed=0, lora_layers=1, temperature=1.0)
+    assert agent.trunk_start is not None
+    initial = agent.trainable_state()
+    rows = list(train(agent, lambda: make_env(GLAM_ENV), GlamPPO(**GLAM_CFG), history=1, seed=0, progress=False,
+                      accelerator=accelerator))
+    return initial, agent.trainable_state(), rows
+
+
+def _glam_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    from accelerate import Accelerator
+
+    from llmrl.agents.llm_policy import build_agent
+    from llmrl.algos.ppo_llm import train
+    from llmrl.config.glam import GlamPPO
+
+    acc = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="checkpoint=None"):
+        next(train(build_agent("tiny", "lora", seed=0), lambda: None, GlamPPO(**GLAM_CFG), history=1, seed=0,
+                   checkpoint=out + ".ckpt", accelerator=acc))
+    initial, final, rows = _glam_run(acc)
+    gathered = [None] * WORLD
+    torch.distributed.all_gather_object(gathered, (final, rows))
+    if rank == 0:
+        torch.save({"initial": initial, "ranks": gathered}, out)
+    acc.end_training()
+
+
+def test_glam_ppo_on_two_cpu_processes_matches_one_process(tmp_path):
+    out = str(tmp_path / "glam_ddp.pt")
+    mp.spawn(_glam_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
+    res = torch.load(out)
+
+    torch.set_num_threads(1)
+    initial, final, rows = _glam_run()
+    assert initial.keys() == res["initial"].keys()
+    for k in initial:
+        assert torch.equal(initial[k], res["initial"][k])  # both runs start from the same weights
+    assert max(float((final[k] - initial[k]).abs().max()) for k in final) > 1e-4  # the updates did train
+    for rank_final, rank_rows in res["ranks"]:
+        diff = max(float((final[k] - rank_final[k]).abs().max()) for k in final)
+        print(f"GLAM: max |2 processes - 1 process| = {diff:.3g}")
+        assert diff <= GLAM_ATOL
+        assert len(rank_rows) == len(rows) == GLAM_CFG["updates"]
+        for one, many in zip(rows, rank_rows, strict=True):
+            for k in ("frames", "episodes", "success_rate", "return_mean"):  # the same rollouts
+                assert many[k] == one[k], k
+            for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss", "grad_norm"):
                 assert many[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k

@@ -57,3 +57,24 @@ def test_stage_exits_before_writing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "demos.episodes: must be > 0, got -3" in proc.stderr
+
+
+def test_every_setting_has_help_text():
+    """Issue 15, item 1: the typed model is the one definition of a setting, so its help text lives there."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from pydantic import BaseModel
+
+    import llmrl.config
+
+    models = {cls for m in pkgutil.iter_modules(llmrl.config.__path__, "llmrl.config.")
+              for cls in vars(importlib.import_module(m.name)).values()
+              if inspect.isclass(cls) and issubclass(cls, BaseModel) and cls.__module__.startswith("llmrl.config")}
+    models |= {cls for cls in vars(llmrl.config).values()
+               if inspect.isclass(cls) and issubclass(cls, BaseModel) and cls.__module__ == "llmrl.config"}
+    assert len(models) > 30
+    missing = sorted(f"{cls.__module__}.{cls.__name__}.{name}" for cls in models
+                     for name, info in cls.model_fields.items() if not info.description)
+    assert not missing, missing

@@ -1,6 +1,6 @@
 """Layers point down (issue 15, item 4): a module may import only from its own layer or the layers below it.
 
-From the bottom: utilities (io, config, kernels, seeding, fingerprint) → data (formats) → llm, envs → agents →
+From the bottom: utilities (files, config, kernels, seeding, fingerprint) → data (formats) → llm, envs → agents →
 algos → eval.
 The check reads every module's imports (top-level and inside functions) with ``ast``.
 """
@@ -14,7 +14,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "llmrl"
 # Packages a layer must never import (its own layer and those below it stay allowed).
 FORBIDDEN = {
-    "io": {"llm", "envs", "agents", "algos", "eval"},
+    "files": {"llm", "envs", "agents", "algos", "eval"},
     "config": {"llm", "envs", "agents", "algos", "eval"},
     "kernels": {"llm", "envs", "agents", "algos", "eval"},
     "seeding": {"llm", "envs", "agents", "algos", "eval"},

@@ -3,6 +3,9 @@ the skills, the student networks and short PPO / MAPPO runs."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -29,7 +32,8 @@ from llmrl.envs import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.eval.seeds import aggregate_seeds
-from llmrl.eval.llm4teach import aulc, beats_random, result_check, return_headline, select_setting
+from llmrl.eval.curves import aulc
+from llmrl.eval.llm4teach import beats_random, result_check, return_headline, select_setting
 from llmrl.llm.backends import (CachedBackend, CacheMissError, LazyBackend, LocalBackend, ReplyCache,
                                 SharedPromptBackend)
 from llmrl.llm.generate import Generation, SamplingConfig
@@ -105,6 +109,15 @@ def test_parse_reply_types_and_frequencies():
     assert d.plans == ("explore", "go to <key>") and d.probs == (0.75, 0.25)
     assert (d.n_plan, d.n_invalid, d.n_error, d.fallback) == (4, 1, 0, False)
     assert d.invalid_reasons == (("no_action", 1),)
+
+
+def test_plan_distribution_survives_a_json_round_trip():
+    """The scoring teacher's stored distributions are read back by the training stages."""
+    replies = [parse_reply("Action: {explore}"), parse_reply("I would open the door"), parse_reply("?")]
+    d = PlanDistribution.from_replies(replies)
+    back = PlanDistribution.from_dict(json.loads(json.dumps(dataclasses.asdict(d))))
+    assert back == d and hash(back) == hash(d)  # hashable: the reasons are tuples again, not lists
+    assert back.invalid_reasons == (("no_action", 2),)
 
 
 @pytest.mark.parametrize("kind, reply, reason", [

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.stage_deps import StageDepsError, analyse, import_closure, main, write
+from pipelines.stage_deps import StageDepsError, analyse, import_closure, main
 
 from .conftest import ROOT
 

@@ -7,6 +7,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+__all__ = ["RandomPolicy", "BabyAIBotPolicy"]
+
 
 class RandomPolicy:
     """Uniform over the action space (or over ``n_actions`` first actions), seeded per episode."""

@@ -17,6 +17,8 @@ import torch
 from llmrl.envs import kalm_levels as kl
 from llmrl.llm.grounded import CONFIG_FILE, GroundedLM
 
+__all__ = ["GroundedPolicy", "GroundedAgent"]
+
 
 class GroundedPolicy:
     """A harness ``Policy`` for one goal: ``reset(env, seed)``, ``act(obs, greedy=...)``."""

@@ -28,6 +28,9 @@ import numpy as np
 
 from llmrl.envs.control import ControlTask, get_task, make_control_env
 
+__all__ = ["LinearPolicy", "QTablePolicy", "Policy", "policy_for", "ParamEvaluator", "evaluate_params",
+           "evaluate_params_loop", "render_episode"]
+
 
 @dataclass(frozen=True)
 class LinearPolicy:

@@ -26,6 +26,9 @@ from llmrl.llm.heads import mlp_head
 from llmrl.llm.load import LLM
 from llmrl.llm.score import Trunk, score_tensors, tokenize_left_padded
 
+__all__ = ["build_prompt", "render", "candidates_for", "History", "ActorOutput", "LLMActorCritic", "infer",
+           "LLMBatchPolicy", "LLMPolicy", "build_agent", "save_agent", "load_agent"]
+
 SYSTEM = "You are an agent in a grid world. Reply with the next action."
 
 
@@ -252,23 +255,24 @@ class LLMPolicy:
 
 def build_agent(model: str, variant: str, *, lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_layers: int | None = None, temperature: float = 1.0, length_norm: bool = False, seed: int = 0,
-                frozen: bool = False, dtype: str | None = None) -> LLMActorCritic:
+                frozen: bool = False, dtype: str | None = None, device: str | None = None) -> LLMActorCritic:
     """A fresh agent: ``lora`` (adapter on a frozen LLM), ``full`` (all weights trainable) or ``npae``
     (LoRA + MLP action head); ``frozen`` loads the LLM untrained and without adapter (zero-shot);
     ``length_norm`` scores candidates by their mean instead of summed token log-prob; ``lora_layers`` puts the
     adapters on the top layers only, and the ``lora`` variant then reuses the frozen layers' outputs in PPO;
-    ``dtype`` is the compute dtype (``llmrl.llm.load.resolve_dtype``)."""
-    from llmrl.llm.load import LoraSettings, load_model
+    ``dtype`` is the compute dtype (``llmrl.llm.load.resolve_dtype``); ``device`` defaults to the machine's."""
+    from llmrl.config.lora import LoraSettings
+    from llmrl.llm.load import load_model
 
     if variant not in ("lora", "full", "npae"):
         raise ValueError(f"build_agent: variant must be lora, full or npae, got {variant!r}")
     torch.manual_seed(seed)  # LoRA's random A matrices
     if frozen:
-        llm = load_model(model, dtype=dtype)
+        llm = load_model(model, device=device, dtype=dtype)
     elif variant == "full":
-        llm = load_model(model, dtype=dtype, trainable=True)
+        llm = load_model(model, device=device, dtype=dtype, trainable=True)
     else:
-        llm = load_model(model, dtype=dtype, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout,
+        llm = load_model(model, device=device, dtype=dtype, lora=LoraSettings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout,
                                                   layers=lora_layers))
     n_layers = llm.model.config.num_hidden_layers
     trunk = (n_layers - lora_layers if variant == "lora" and not frozen and lora_layers is not None

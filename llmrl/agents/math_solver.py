@@ -19,6 +19,8 @@ from llmrl.llm import LLM, SamplingConfig, load_model
 from llmrl.llm.load import stable_adapter_names
 from llmrl.llm.prefix import generate_shared_prefix
 
+__all__ = ["build_messages", "render_state", "solve", "write_policy", "load_policy"]
+
 SYSTEM_PROMPT = (
     "You solve math word problems step by step. Write one short step per line. Write every calculation as "
     f"<<expression=result>>. The last line must be '{ANSWER_PHRASE} X' where X is the final number."

@@ -13,6 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+__all__ = ["OfflinePolicy"]
+
 
 class OfflinePolicy:
     """Harness ``Policy`` for one instruction; ``act_batch`` serves lockstep evaluation of many episodes."""

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from minigrid.core.constants import OBJECT_TO_IDX
 
+__all__ = ["LEFT", "RIGHT", "FORWARD", "VERBS", "Step", "parse_step", "GridView", "SkillOut", "go_to", "plan_actions", "goto_point_action"]
+
 LEFT, RIGHT, FORWARD, PICKUP, DROP, TOGGLE, WAIT = range(7)
 DIR_VEC = ((1, 0), (0, 1), (-1, 0), (0, -1))
 EMPTY, DOOR, GOAL, UNSEEN = OBJECT_TO_IDX["empty"], OBJECT_TO_IDX["door"], OBJECT_TO_IDX["goal"], OBJECT_TO_IDX["unseen"]

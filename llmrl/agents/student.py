@@ -25,6 +25,8 @@ from torch import nn
 
 from llmrl.files import save_torch
 
+__all__ = ["GridStudent", "MLPStudent", "save_student", "load_student", "StudentPolicy"]
+
 # Channel vocabularies of the memory grid: object, colour, state, direction (0-3 facing, 4 = no agent here).
 GRID_VOCAB = (len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX), 5)
 

@@ -16,6 +16,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+__all__ = ["SymbolicObs", "SymbolicActorCritic", "SymbolicPolicy"]
+
 VOCAB = ("go", "to", "pick", "up", "open", "put", "next", "the", "a", "then", "after", "you", "and", "red", "green",
          "blue", "purple", "yellow", "grey", "key", "ball", "box", "door", "object", "on", "your", "left", "right",
          "in", "front", "of", "behind")

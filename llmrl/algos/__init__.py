@@ -16,3 +16,5 @@ per update, so a caller logs, checkpoints, measures or stops between updates wit
 ``episodes`` is the episode budget spent so far. GLAM's behaviour cloning (``bc_llm.train_bc``) yields ``step``,
 ``epoch`` and ``loss`` per optimiser step.
 """
+
+__all__: list[str] = []

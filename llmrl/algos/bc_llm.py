@@ -15,6 +15,8 @@ from tqdm.auto import tqdm
 from llmrl.agents.llm_policy import History, LLMActorCritic, candidates_for, render
 from llmrl.data.trajectories import Episode
 
+__all__ = ["bc_samples", "train_bc"]
+
 
 def bc_samples(agent: LLMActorCritic, episodes: Sequence[Episode], labels: dict[str, str],
                actions: Sequence[str], history: int) -> list[tuple[str, list[str], int]]:

@@ -28,6 +28,8 @@ from llmrl.algos.props_search import SEED_STRIDE, episode_seeds, random_point
 from llmrl.config.props import CEMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import ControlTask, get_task
 
+__all__ = ["BlackboxState", "random_search", "cem"]
+
 
 @dataclass
 class BlackboxState:

@@ -30,6 +30,8 @@ from llmrl.algos.ppo_loss import clipped_ppo_losses
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.make import episode_successes
 
+__all__ = ["Teacher", "ppo_loss", "rollout_buffers", "act_into", "update_from_rollout", "train", "make_vector_env"]
+
 Teacher = Callable[[np.ndarray], np.ndarray]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+__all__ = ["gae"]
+
 
 def gae(rewards, values, dones, last_value, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns (float32 tensors) for a [T, N] rollout of N environments.

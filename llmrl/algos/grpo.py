@@ -33,6 +33,9 @@ from llmrl.config.grpo import GRPOTrainParams
 from llmrl.files import atomic_path
 from llmrl.llm.load import LLM, peft_lora_config, stable_adapter_names
 
+__all__ = ["RewardFunc", "completion_text", "prompt_token_count", "truncate_prompt", "recording", "GRPORun",
+           "build_grpo_trainer", "train", "save_adapter"]
+
 RewardFunc = Callable[..., list[float]]
 
 

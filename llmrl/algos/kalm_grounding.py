@@ -25,6 +25,8 @@ from llmrl.data.trajectories import Episode
 from llmrl.llm.grounded import GroundedLM, TokenSequence, collate, trajectory_prompt
 from llmrl.llm.load import dtype_name, resolve_dtype
 
+__all__ = ["build_samples", "autocast_dtype", "evaluate_losses", "train_grounding"]
+
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 
 

@@ -26,6 +26,8 @@ from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
 from llmrl.llm.grounded import GroundedLM
 
+__all__ = ["horizon", "imagine_level", "rollout_quality", "episode_text"]
+
 
 @dataclass
 class ReplayResult:

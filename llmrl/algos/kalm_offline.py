@@ -26,6 +26,8 @@ from llmrl.data.trajectories import Episode, to_d3rlpy
 from llmrl.envs import kalm_levels as kl
 from llmrl.data.embeddings import EmbeddingTable
 
+__all__ = ["quiet_d3rlpy", "MixStats", "mix_episodes", "build_dataset", "make_learnable", "train_offline"]
+
 
 def quiet_d3rlpy() -> None:
     """d3rlpy logs every epoch through structlog at INFO: keep warnings and errors only."""

@@ -23,6 +23,8 @@ from llmrl.envs import make_env
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.seeding import seed_everything
 
+__all__ = ["Measure", "TeachRun", "train_grid_student", "train_spread_student"]
+
 Measure = Callable[[nn.Module, int], dict]
 
 

@@ -20,6 +20,8 @@ from llmrl.config.llm_rl import CommonTrainParams, GRPOParams
 from llmrl.envs.word_problems.answers import answers_match, extract_answer, through_first_answer
 from llmrl.llm import LLM
 
+__all__ = ["trainer_params", "correctness_reward", "build_dataset", "build_trainer"]
+
 
 def trainer_params(common: CommonTrainParams, grpo: GRPOParams, *, bf16: bool = False) -> GRPOTrainParams:
     """GRPO settings for the budget ``reinforce_kl`` also trains with: the same samples, optimiser steps, lr and

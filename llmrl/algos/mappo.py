@@ -26,6 +26,8 @@ from llmrl.algos.distilled_ppo import Teacher, act_into, rollout_buffers, update
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 
+__all__ = ["make_mappo_agent", "train_mappo", "greedy_joint_policy", "evaluate_spread"]
+
 
 def mappo_inputs(obs: np.ndarray, clock: np.ndarray) -> np.ndarray:
     """[env, agent, D] observations and [env] clocks → [env, agent, (D + A) + (A·D + A + 1)]: actor | critic."""

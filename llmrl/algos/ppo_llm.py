@@ -32,6 +32,8 @@ from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_che
 from llmrl.config.glam import GlamPPO
 from llmrl.envs.make import episode_success
 
+__all__ = ["EnvSlot", "collect", "ppo_update", "advantage_batch", "train"]
+
 
 class EnvSlot:
     """One environment, its current observation, prompt history and running episode statistics."""
@@ -140,25 +142,42 @@ def collect(agent: LLMActorCritic, slots: list[EnvSlot], cfg: GlamPPO, gen: torc
 
 
 def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: dict, cfg: GlamPPO,
-               gen: torch.Generator) -> dict:
-    """``epochs`` passes of clipped PPO over the flattened batch; returns statistics averaged over all of them."""
+               gen: torch.Generator, *, accelerator=None, model: torch.nn.Module | None = None) -> dict:
+    """``epochs`` passes of clipped PPO over the flattened batch; returns statistics averaged over all of them.
+
+    With an ``accelerator`` of N processes every rank holds the same batch and runs ``model`` (``agent`` wrapped in
+    DDP) on its share ``mb[rank::N]`` of each minibatch. Its losses are scaled by N, so DDP's gradient average is
+    the minibatch mean one process takes, and the statistics are summed over the ranks: every rank steps and
+    reports like one process (up to float rounding: the shares are batched and padded apart).
+    """
+    acc = accelerator
+    rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+    model = model if model is not None else agent
+    clip = acc.clip_grad_norm_ if acc is not None else torch.nn.utils.clip_grad_norm_
     prompts, cands, trunks = batch["prompts"], batch["cands"], batch["trunks"]
     actions, old_logp = batch["actions"], batch["logp"]
     old_values, adv, returns = batch["values"], batch["advantages"], batch["returns"]
     n = len(prompts)
     params = [p for p in agent.parameters() if p.requires_grad]
-    stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl",
-                                                     "clipfrac", "grad_norm", "loss")}
+    keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss")
+    stats: dict[str, list[float]] = {k: [] for k in (*keys, "grad_norm")}
     agent.train()
     for _ in range(cfg.epochs):
         perm = torch.randperm(n, generator=gen)
         for start in range(0, n, cfg.minibatch_size):
             mb = perm[start:start + cfg.minibatch_size]
+            share = mb[rank::world]
+            # Every rank runs as many micro-batches as the largest share (DDP pairs up their backward passes); a
+            # rank out of samples runs the minibatch's first one with weight 0.
+            n_micro = -(-(-(-len(mb) // world)) // cfg.micro_batch)
             optimizer.zero_grad(set_to_none=True)
-            sums = {k: 0.0 for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss")}
-            for mstart in range(0, len(mb), cfg.micro_batch):
-                idx = mb[mstart:mstart + cfg.micro_batch]
-                out = agent([prompts[i] for i in idx], [cands[i] for i in idx],
+            sums = {k: 0.0 for k in keys}
+            for j in range(n_micro):
+                idx = share[j * cfg.micro_batch:(j + 1) * cfg.micro_batch]
+                weight = len(idx) / len(mb)  # micro-batch share of the minibatch mean
+                if not len(idx):
+                    idx = mb[:1]
+                out = model([prompts[i] for i in idx], [cands[i] for i in idx],
                             trunks=[trunks[i] for i in idx] if trunks else None)
                 dist = torch.distributions.Categorical(logits=out.logits.float())
                 logp = dist.log_prob(actions[idx].to(out.logits.device)).cpu()
@@ -167,15 +186,18 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
                                                                     old_values[idx], returns[idx], cfg.clip)
                 entropy = dist.entropy().mean().cpu()
                 loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
-                weight = len(idx) / len(mb)  # micro-batch share of the minibatch mean
-                (loss * weight).backward()
+                (loss * (weight * world)).backward()
                 with torch.no_grad():
                     log_ratio = logp - old_logp[idx]
                     for k, v in (("policy_loss", policy_loss), ("value_loss", value_loss), ("entropy", entropy),
                                  ("approx_kl", ((ratio - 1) - log_ratio).mean()),
                                  ("clipfrac", ((ratio - 1).abs() > cfg.clip).float().mean()), ("loss", loss)):
                         sums[k] += float(v) * weight
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            if acc is not None:
+                summed = acc.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=acc.device),
+                                    "sum").tolist()
+                sums = dict(zip(keys, summed))
+            grad_norm = clip(params, cfg.max_grad_norm)
             optimizer.step()
             for k, v in sums.items():
                 stats[k].append(v)
@@ -204,6 +226,7 @@ def train(
     run_extra: dict | None = None,
     identity: RunIdentity | None = None,
     progress: bool = True,
+    accelerator=None,
 ) -> Iterator[dict]:
     """Train ``agent`` with PPO for ``cfg.updates`` updates; resume from ``checkpoint`` if it holds this run.
 
@@ -214,7 +237,14 @@ def train(
     the rows of the updates it restored, marked ``resumed: True``, so a consumer always sees the whole run.
     ``identity`` (``llmrl.checkpoint.run_identity``: params + input contents + code) decides whether the
     checkpoint belongs to this run; without one, the config and ``run_extra`` alone identify it.
+    ``accelerator`` (``accelerate.Accelerator`` of N processes, the agent on its device): every process collects
+    the same rollouts from the same seeds and trains on its share of each minibatch (``ppo_update``); such a run
+    keeps no restart point.
     """
+    if accelerator is not None and accelerator.num_processes == 1:
+        accelerator = None
+    if accelerator is not None and checkpoint is not None:
+        raise ValueError("ppo_llm: a run over several processes keeps no restart point: pass checkpoint=None")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -223,6 +253,7 @@ def train(
     if not params:
         raise ValueError("ppo_llm: the agent has no trainable parameters")
     optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps)
+    model = accelerator.prepare_model(agent) if accelerator is not None else agent  # DDP over the processes
     identity = identity or run_identity({"cfg": cfg.model_dump(), "history": history, "seed": seed,
                                          "extra": run_extra or {}})
     slots = [EnvSlot(make_env(), seed=seed * 10_000 + i, history=history) for i in range(cfg.n_envs)]
@@ -242,7 +273,8 @@ def train(
         t0 = time.perf_counter()
         buf = collect(agent, slots, cfg, gen)
         t_collect = time.perf_counter() - t0
-        stats = ppo_update(agent, optimizer, advantage_batch(buf, cfg), cfg, gen)
+        stats = ppo_update(agent, optimizer, advantage_batch(buf, cfg), cfg, gen, accelerator=accelerator,
+                           model=model)
         n_frames = cfg.frames_per_env * cfg.n_envs
         update += 1
         frames += n_frames

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["clipped_ppo_losses"]
+
 
 def clipped_ppo_losses(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor,
                        old_values: torch.Tensor, returns: torch.Tensor, clip: float, clip_value: bool = True

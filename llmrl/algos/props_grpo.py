@@ -40,6 +40,9 @@ from llmrl.algos.grpo import RewardFunc, completion_text
 from llmrl.algos.props_prompts import PromptSettings, format_example, parse_reply, render_search_prompt
 from llmrl.envs.control import ControlTask
 
+__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "RewardSettings",
+           "format_soft", "format_hard", "policy_reward", "improvement_reward", "make_reward_funcs"]
+
 SYSTEM_PROMPT = (
     "You are a numerical optimizer. First reason step by step inside <think> and </think>. "
     "After </think>, write only the new point on one line in this format: {format_example}"

@@ -20,6 +20,8 @@ from llmrl.algos.props_search import SEED_STRIDE
 from llmrl.config.props import PPOBaselineParams
 from llmrl.envs.control import ControlTask, get_task, make_control_env
 
+__all__ = ["ppo_baseline", "evaluate_ppo"]
+
 
 class _SeededResets(gym.Wrapper):
     """Reset episode k with ``base + k`` (SB3's DummyVecEnv resets without a seed after the first episode)."""

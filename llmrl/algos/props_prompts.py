@@ -27,6 +27,9 @@ import numpy as np
 from llmrl.agents.linear_policy import Policy
 from llmrl.envs.control import ControlTask
 
+__all__ = ["TemplateName", "history_line", "format_example", "PromptSettings", "render_search_prompt",
+           "render_correction", "ParseError", "ParsedReply", "parse_reply", "chat_token_counter", "trim_history"]
+
 TemplateName = Literal["numeric", "semantic"]
 
 _ENV = jinja2.Environment(

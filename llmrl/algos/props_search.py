@@ -49,6 +49,9 @@ from llmrl.envs.control import ControlTask, get_task
 from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, ReplyCache, llm_fault_types, openai_backend
 from llmrl.llm.generate import SamplingConfig
 
+__all__ = ["SEED_STRIDE", "SearchState", "episode_seeds", "held_out_seeds", "random_point", "OptimizerLLM",
+           "build_optimizer_llm", "props_search"]
+
 SEED_STRIDE = 1_000_000
 TEMPLATES = {"props": "numeric", "props_plus": "semantic"}
 

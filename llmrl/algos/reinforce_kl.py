@@ -60,6 +60,9 @@ from llmrl.envs.word_problems import MathEnv
 from llmrl.llm import LLM, SamplingConfig
 from llmrl.llm.prefix import PrefixBatch, generate_shared_prefix, split_prefix, suffix_token_logprobs
 
+__all__ = ["optimizer_steps", "MathEpisode", "collect_episodes", "discounted_returns", "advantages", "EpisodeBatch",
+           "tokenize_episodes", "token_logprobs", "reinforce_kl_loss", "ReinforceKL"]
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
@@ -301,51 +304,18 @@ class ReinforceKL:
         return [self.problems[i] for i in idx]
 
     def update(self, episodes: Sequence[MathEpisode]) -> dict:
-        """Policy-gradient steps on one iteration's episodes: one optimiser step per micro-batch of episodes."""
-        if self.accelerator is not None:
-            return self._update_distributed(episodes)
-        c, r, model, tok, dev = self.cfg.common, self.cfg.reinforce_kl, self.llm.model, self.llm.tokenizer, self.llm.device
-        adv = advantages(episodes, r.gamma, r.baseline)
-        usable = [i for i, ep in enumerate(episodes) if ep.lines]
-        micro = [usable[j:j + c.micro_batch] for j in range(0, len(usable), c.micro_batch)]
-        batches = [tokenize_episodes(tok, [episodes[i] for i in mb], dev) for mb in micro]
-        model.eval()  # no dropout in the reference pass
-        with torch.no_grad(), self.reference_weights():
-            ref = [token_logprobs(model, b)[0] for b in batches]
-        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "samples": 0, "tokens": 0, "steps": 0}
-        model.train()
-        for _ in range(r.epochs):
-            for mb, batch, ref_lp in zip(micro, batches, ref):
-                self.opt.zero_grad(set_to_none=True)
-                logp, line_of = token_logprobs(model, batch)
-                loss, s = reinforce_kl_loss(logp, ref_lp, line_of, [adv[i] for i in mb], r.beta)
-                n = max(s["samples"], 1)
-                (loss / n).backward()  # the mean over the micro-batch's samples, as grad accumulation gave
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
-                self.opt.step()
-                self.sched.step()
-                totals["loss"] += float(loss.detach())
-                totals["policy_loss"] += s["pg_loss_sum"]
-                totals["kl"] += s["kl_sum"]
-                totals["grad_norm"] += float(grad_norm)
-                for k in ("samples", "tokens"):
-                    totals[k] += s[k]
-                totals["steps"] += 1
-        model.eval()
-        n_samples, steps = max(totals["samples"], 1), max(totals["steps"], 1)
-        return {"loss": totals["loss"] / n_samples, "policy_loss": totals["policy_loss"] / n_samples,
-                "divergence": totals["kl"] / max(totals["tokens"], 1), "grad_norm": totals["grad_norm"] / steps,
-                "samples": totals["samples"] // r.epochs, "tokens": totals["tokens"] // r.epochs,
-                "optimizer_steps": totals["steps"]}
+        """Policy-gradient steps on one iteration's episodes: one optimiser step per micro-batch of episodes.
 
-    def _update_distributed(self, episodes: Sequence[MathEpisode]) -> dict:
-        """``update`` over N processes: each rank scores its share ``mb[rank::N]`` of every micro-batch, and the
+        Under accelerate with N processes each rank scores its share ``mb[rank::N]`` of every micro-batch, and the
         gradient DDP averages is the mean over the whole micro-batch's samples, so the step equals one process's
         (up to float rounding: the shares are batched, padded and prefix-split apart). Every rank returns the same
-        stats, those of one process."""
+        stats, those of one process. With one process the same code runs with N = 1 and sums that stay local."""
         acc = self.accelerator
-        c, r, model, tok, dev = self.cfg.common, self.cfg.reinforce_kl, self.llm.model, self.llm.tokenizer, acc.device
-        rank, world = acc.process_index, acc.num_processes
+        c, r, model, tok = self.cfg.common, self.cfg.reinforce_kl, self.llm.model, self.llm.tokenizer
+        rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+        dev = acc.device if acc is not None else self.llm.device
+        total = (lambda t: acc.reduce(t, "sum")) if acc is not None else (lambda t: t)
+        clip = acc.clip_grad_norm_ if acc is not None else torch.nn.utils.clip_grad_norm_
         adv = advantages(episodes, r.gamma, r.baseline)
         usable = [i for i, ep in enumerate(episodes) if ep.lines]
         micro = [usable[j:j + c.micro_batch] for j in range(0, len(usable), c.micro_batch)]
@@ -366,11 +336,11 @@ class ReinforceKL:
                 loss, s = reinforce_kl_loss(logp, ref_lp, line_of, [adv[i] for i in share], r.beta)
                 if not real:
                     loss, s = loss * 0.0, {k: 0 for k in s}
-                n_global = int(acc.reduce(torch.tensor(s["samples"], device=dev), "sum"))
-                # DDP averages the ranks' gradients; the factor N makes that average Σ_r loss_r / n_global, the mean
-                # over the global micro-batch's samples that one process takes.
+                n_global = int(total(torch.tensor(s["samples"], device=dev)))
+                # DDP averages the ranks' gradients; the factor N makes that average sum_r loss_r / n_global, the
+                # mean over the global micro-batch's samples that one process takes.
                 (loss * world / max(n_global, 1)).backward()
-                grad_norm = acc.clip_grad_norm_(self.params, c.grad_clip)
+                grad_norm = clip(self.params, c.grad_clip)
                 self.opt.step()
                 self.sched.step()
                 local += torch.tensor([float(loss.detach()), s["pg_loss_sum"], s["kl_sum"], s["tokens"]],
@@ -379,7 +349,7 @@ class ReinforceKL:
                 grad_norms += float(grad_norm)  # of the averaged gradient: the same on every rank
                 steps += 1
         model.eval()
-        loss_sum, pg_sum, kl_sum, tokens = acc.reduce(local.to(dev), "sum").tolist()
+        loss_sum, pg_sum, kl_sum, tokens = total(local.to(dev)).tolist()
         tokens = int(round(tokens))
         n_samples = max(samples, 1)
         return {"loss": loss_sum / n_samples, "policy_loss": pg_sum / n_samples,

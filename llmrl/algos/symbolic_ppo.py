@@ -9,6 +9,8 @@ from llmrl.agents.symbolic import SymbolicActorCritic, SymbolicObs
 from llmrl.algos.distilled_ppo import make_vector_env, train
 from llmrl.config.ppo import PPOParams
 
+__all__ = ["train_symbolic"]
+
 
 def train_symbolic(make_env, cfg: PPOParams, *, seed: int, progress: bool = True
                    ) -> tuple[SymbolicActorCritic, list[dict]]:

@@ -17,6 +17,9 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+__all__ = ["ComputeDType", "DTYPE_HELP", "ParamsError", "Section", "read_params", "load_section", "BaseLLMParams",
+           "DemosParams", "EvalBaselinesParams"]
+
 T = TypeVar("T", bound=BaseModel)
 
 
@@ -100,4 +103,4 @@ class DemosParams(Section):
 class EvalBaselinesParams(Section):
     episodes: int = Field(gt=0, description="evaluation episodes per policy, level and mode")
     seed: int = Field(ge=0, description="first evaluation seed; kept apart from demos seeds")
-    policies: list[Literal["bot", "random"]] = Field(min_length=1)
+    policies: list[Literal["bot", "random"]] = Field(min_length=1, description="baseline policies evaluated")

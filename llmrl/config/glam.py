@@ -10,6 +10,9 @@ from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 from llmrl.config.ppo import PPOParams
 
+__all__ = ["GlamPolicy", "GlamPPO", "GlamTrain", "GlamBC", "GlamSymbolic", "GlamEval", "GlamGeneralisation",
+           "GlamParams"]
+
 
 class GlamPolicy(Section):
     history: int = Field(3, ge=1, description="observations in the prompt (with history-1 previous actions)")
@@ -78,7 +81,8 @@ class GlamEval(Section):
     episodes: int = Field(ge=100, description="episodes per agent, level and mode (>= 100)")
     seed: int = Field(ge=0, description="first evaluation seed (disjoint from training and BC seeds)")
     max_steps: int | None = Field(None, gt=0, description="cut evaluation episodes after this many steps")
-    modes: list[Literal["greedy", "sampled"]] = Field(["greedy", "sampled"], min_length=1)
+    modes: list[Literal["greedy", "sampled"]] = Field(["greedy", "sampled"], min_length=1,
+                                                      description="action choice: argmax, or sampled from the policy")
     batch: int = Field(16, gt=0, description="episodes stepped in lockstep, their prompts scored in one forward")
 
 
@@ -100,9 +104,9 @@ class GlamParams(Section):
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     lora: LoraSettings = Field(LoraSettings(dropout=0.0), description="LoRA adapter of the lora variant "
                                                                          "(dropout 0 keeps PPO's ratios exact)")
-    policy: GlamPolicy = GlamPolicy()
-    train: GlamTrain
-    bc: GlamBC
-    symbolic: GlamSymbolic
-    eval: GlamEval
-    generalisation: GlamGeneralisation
+    policy: GlamPolicy = Field(GlamPolicy(), description="how the LLM acts: prompt window, temperature, scoring")
+    train: GlamTrain = Field(description="PPO of the LLM agents (stage glam_train)")
+    bc: GlamBC = Field(description="behaviour cloning of the BabyAI bot (stage glam_bc)")
+    symbolic: GlamSymbolic = Field(description="the Symbolic-PPO baseline (stage glam_symbolic)")
+    eval: GlamEval = Field(description="evaluation of every agent on the test levels (stage glam_eval)")
+    generalisation: GlamGeneralisation = Field(description="the generalisation tests (stage glam_generalisation)")

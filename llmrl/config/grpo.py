@@ -16,6 +16,8 @@ from pydantic import Field, model_validator
 from llmrl.config import Section
 from llmrl.config.lora import LoraSettings
 
+__all__ = ["GRPOTrainParams"]
+
 
 class GRPOTrainParams(Section):
     learning_rate: float = Field(1e-6, gt=0, description="AdamW learning rate (TRL's default 1e-6 suits full "

@@ -15,6 +15,9 @@ from pydantic import Field, field_validator, model_validator
 from llmrl.config import ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
+__all__ = ["BenchmarkName", "LevelName", "D3rlpyAlgoName", "DataKind", "KalmEnvParams", "KalmDataParams",
+           "OfflineAlgo", "KalmOfflineParams", "KalmEvalParams", "KalmGroundParams", "KalmImagineParams"]
+
 BenchmarkName = Literal["metaworld", "babyai"]
 LevelName = Literal["rephrase", "easy", "hard"]
 D3rlpyAlgoName = Literal["BC", "CQL", "IQL", "TD3PlusBC", "AWAC", "DiscreteBC", "DiscreteCQL"]
@@ -102,7 +105,8 @@ class KalmEvalParams(Section):
     metaworld_episodes: int = Field(10, gt=0, description="Meta-World episodes per level and training seed "
                                     "(below 50: each costs up to metaworld_max_steps MuJoCo steps)")
     seed: int = Field(10_000, ge=0, description="first evaluation episode seed (data seeds start at kalm.data.seed)")
-    levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1)
+    levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
+                                    description="test levels evaluated")
     random_seeds: int = Field(3, gt=0, description="seeds of the random-policy row")
     grounded_episodes: int = Field(10, ge=0, description="episodes per level of the LLM-as-policy row (0: skip)")
     confidence: float = Field(0.95, gt=0, lt=1, description="interval level over seeds")

@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.ppo import DistillParams, PPOParams
 
+__all__ = ["EnvKey", "TeacherKind", "LLM4TeachTeacherParams", "LLM4TeachStudentParams", "LLM4TeachTrainParams",
+           "LLM4TeachMPEParams", "LLM4TeachValidationParams", "LLM4TeachEvalParams", "LLM4TeachParams"]
+
 EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
 TeacherKind = Literal["llm", "llm_score", "oracle", "none"]
 
@@ -59,9 +62,9 @@ class LLM4TeachTrainParams(Section):
     teachers: list[TeacherKind] = Field(min_length=1, description="llm (sampled replies), llm_score (the LLM's "
                                         "log-probs of every admissible plan, softmax), oracle, none (pure PPO)")
     seeds: list[int] = Field(min_length=1, description="training seeds (env and torch)")
-    ppo: PPOParams
-    distill: DistillParams = DistillParams()
-    student: LLM4TeachStudentParams = LLM4TeachStudentParams()
+    ppo: PPOParams = Field(description="the student's PPO")
+    distill: DistillParams = Field(DistillParams(), description="the teacher's weight in the student's loss")
+    student: LLM4TeachStudentParams = Field(LLM4TeachStudentParams(), description="the student network")
     curve_points: int = Field(8, gt=0, description="greedy evaluations along training (learning curve, AULC)")
     curve_episodes: int = Field(20, gt=0, description="episodes per learning-curve evaluation")
     curve_seed: int = Field(500000, ge=0, description="first learning-curve level seed (apart from eval seeds)")
@@ -75,8 +78,8 @@ class LLM4TeachMPEParams(Section):
     max_cycles: int = Field(25, gt=0, description="episode length")
     local_ratio: float = Field(0.5, ge=0, le=1, description="weight of the local (collision) reward")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="actor/critic MLP widths")
-    ppo: PPOParams
-    distill: DistillParams = DistillParams()
+    ppo: PPOParams = Field(description="MAPPO's PPO")
+    distill: DistillParams = Field(DistillParams(), description="the teacher's weight in the students' loss")
 
 
 class LLM4TeachValidationParams(Section):
@@ -100,11 +103,14 @@ class LLM4TeachEvalParams(Section):
 class LLM4TeachParams(Section):
     workers: int = Field(2, ge=1, description="seeds trained side by side, each alone in a single-threaded "
                                               "process (results do not depend on it)")
-    teacher: LLM4TeachTeacherParams = LLM4TeachTeacherParams()
-    train: LLM4TeachTrainParams
-    mpe: LLM4TeachMPEParams
-    validation: LLM4TeachValidationParams = LLM4TeachValidationParams()
-    eval: LLM4TeachEvalParams = LLM4TeachEvalParams()
+    teacher: LLM4TeachTeacherParams = Field(LLM4TeachTeacherParams(), description="the LLM teacher (stage "
+                                            "llm4teach_plans)")
+    train: LLM4TeachTrainParams = Field(description="the DoorKey-family students (stage llm4teach_train)")
+    mpe: LLM4TeachMPEParams = Field(description="the MPE simple_spread students (stage llm4teach_train_mpe)")
+    validation: LLM4TeachValidationParams = Field(LLM4TeachValidationParams(), description="the validation "
+                                                  "levels every selection of settings scores on")
+    eval: LLM4TeachEvalParams = Field(LLM4TeachEvalParams(), description="the test evaluation (stage "
+                                      "llm4teach_eval)")
 
     @model_validator(mode="after")
     def _levels_disjoint(self) -> LLM4TeachParams:

@@ -9,6 +9,9 @@ from pydantic import Field, model_validator
 from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
+__all__ = ["MathDataParams", "CommonTrainParams", "ReinforceKLParams", "GRPOParams", "ReinforceTrainParams",
+           "MathEvalParams"]
+
 
 class MathDataParams(Section):
     source: Literal["generated", "gsm_symbolic", "gsm8k", "math"] = Field(

@@ -6,6 +6,8 @@ from pydantic import Field
 
 from llmrl.config import Section
 
+__all__ = ["LoraSettings"]
+
 
 class LoraSettings(Section):
     """LoRA adapter settings passed to peft (``peft.LoraConfig``: r, lora_alpha, lora_dropout, target_modules)."""

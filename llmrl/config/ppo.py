@@ -10,6 +10,8 @@ from pydantic import Field
 
 from llmrl.config import Section
 
+__all__ = ["PPOParams", "DistillParams"]
+
 
 class PPOParams(Section):
     total_frames: int = Field(100_000, gt=0, description="environment steps per run (all envs together; MPE: "

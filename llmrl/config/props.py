@@ -17,6 +17,10 @@ from pydantic import Field, model_validator
 from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.grpo import GRPOTrainParams
 
+__all__ = ["PropsMethod", "BaselineMethod", "PropsSpaceParams", "PropsLLMParams", "PropsSearchParams",
+           "PPOBaselineParams", "CEMParams", "PropsBaselinesParams", "PropsTransferParams", "PropsEvalParams",
+           "PropsGRPOParams"]
+
 PropsMethod = Literal["props", "props_plus"]
 BaselineMethod = Literal["random_search", "cem", "ppo"]
 

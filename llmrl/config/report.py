@@ -8,6 +8,8 @@ from pydantic import Field, field_validator
 
 from llmrl.config import Section
 
+__all__ = ["ReportSection", "REPORT_SECTIONS", "ReportParams"]
+
 # Page sections in page order: the BabyAI bot/random baselines (eval_baselines), then the five methods.
 ReportSection = Literal["baselines", "glam", "llm_rl", "llm4teach", "kalm", "props"]
 REPORT_SECTIONS: tuple[ReportSection, ...] = ("baselines", "glam", "llm_rl", "llm4teach", "kalm", "props")

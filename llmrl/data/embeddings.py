@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["MissingEmbeddingError", "EmbeddingTable"]
+
 
 class MissingEmbeddingError(KeyError):
     """An instruction that is not in the embedding table."""

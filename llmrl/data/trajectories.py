@@ -28,6 +28,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+__all__ = ["SCHEMA_VERSION", "TrajectoryFormatError", "Episode", "TrajectoryWriter", "TrajectoryReader",
+           "read_episodes", "to_pandas", "to_d3rlpy"]
+
 SCHEMA_VERSION = 1
 FORMAT_NAME = "llmrl-trajectories"
 _STR = h5py.string_dtype(encoding="utf-8")

@@ -16,6 +16,8 @@ from typing import Literal
 
 import gymnasium as gym
 
+__all__ = ["UnknownTaskError", "ControlTask", "TASKS", "get_task", "make_control_env"]
+
 
 class UnknownTaskError(KeyError):
     """A task name that is neither a registry key nor a registered gymnasium id of a known task."""

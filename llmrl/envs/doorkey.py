@@ -38,6 +38,8 @@ from minigrid.core.mission import MissionSpace
 from minigrid.core.world_object import Door, Key, Lava
 from minigrid.minigrid_env import MiniGridEnv
 
+__all__ = ["ENV_IDS"]
+
 UNSEEN = np.zeros(3, dtype=np.uint8)
 EMPTY = np.array([OBJECT_TO_IDX["empty"], 0, 0], dtype=np.uint8)
 NO_AGENT = 4  # direction channel value away from the agent's cell

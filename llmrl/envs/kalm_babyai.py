@@ -24,6 +24,9 @@ from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
 
+__all__ = ["OBS_DIM", "N_ACTIONS", "COLOURS", "OBJECT_TYPES", "FRONT_CELL", "AGENT_CELL", "BadTaskError",
+           "parse_task", "cell_holds", "make_babyai_env"]
+
 VIEW = 7
 OBS_DIM = VIEW * VIEW * 3 + 4
 N_ACTIONS = 7

@@ -19,6 +19,8 @@ import numpy as np
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
 
+__all__ = ["labelled_episode", "expert_episodes", "rule_agreement"]
+
 
 def goal_episode(goal: kl.Goal, env, act: Callable[[np.ndarray, dict], Any], seed: int, policy: str) -> Episode:
     """Run one episode of ``goal`` from ``env.reset(seed=seed)`` with ``act(obs, info)``; label it."""

@@ -46,6 +46,10 @@ import numpy as np
 from llmrl.envs import kalm_babyai as bab
 from llmrl.envs import metaworld_tasks as mw
 
+__all__ = ["BENCHMARKS", "LEVELS", "SPLITS", "UnknownLevelError", "ObservationSizeError", "Goal", "ActionSpec",
+           "METAWORLD_TRAIN_TASKS", "METAWORLD_EASY_TASKS", "METAWORLD_PHRASINGS", "all_goals", "goals", "obs_dim",
+           "action_spec", "EnvSettings", "make_goal_env", "check_obs", "obs_success", "label_rewards"]
+
 BENCHMARKS = ("metaworld", "babyai")
 LEVELS = ("rephrase", "easy", "hard")
 SPLITS = ("train", "validation", "test")
@@ -236,8 +240,9 @@ def _metaworld_goals() -> list[Goal]:
         out += [Goal("metaworld", task, p, "train", "train") for p in phr[:8]]
         out += [Goal("metaworld", task, p, "validation", "validation") for p in phr[8:10]]
         out += [Goal("metaworld", task, p, "rephrase", "test") for p in phr[10:12]]
+    level_of = dict.fromkeys(METAWORLD_EASY_TASKS, "easy") | dict.fromkeys(METAWORLD_HARD_TASKS, "hard")
     for task, phr in METAWORLD_TEST_PHRASINGS.items():
-        level = "easy" if task in METAWORLD_EASY_TASKS else "hard"
+        level = level_of[task]
         out += [Goal("metaworld", task, p, level, "test") for p in phr]
     return out
 

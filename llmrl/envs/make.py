@@ -9,6 +9,8 @@ import logging
 import gymnasium as gym
 import numpy as np
 
+__all__ = ["episode_success", "episode_successes", "QuietReset", "make_env"]
+
 log = logging.getLogger(__name__)
 
 

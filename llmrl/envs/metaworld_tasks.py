@@ -32,6 +32,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+__all__ = ["OBS_DIM", "ACTION_DIM", "UnknownTaskError", "make_task_env", "ScriptedPolicy"]
+
 OBS_DIM = 39
 ACTION_DIM = 4
 N_VARIATIONS = 50

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from mpe2 import simple_spread_v3
 
+__all__ = ["ENV_ID", "N_ACTIONS", "SpreadBatch"]
+
 ENV_ID = "simple_spread_v3"
 N_ACTIONS = 5  # no-op, left, right, down, up
 

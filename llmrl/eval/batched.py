@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 from llmrl.envs.make import episode_success
 from llmrl.eval.harness import EpisodeRecord, EvalResult, Mode
 
+__all__ = ["BatchPolicy", "evaluate_batched"]
+
 
 class BatchPolicy(Protocol):
     name: str

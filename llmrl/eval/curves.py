@@ -15,6 +15,8 @@ from llmrl.agents.student import StudentPolicy
 from llmrl.envs import make_env
 from llmrl.eval.batched import evaluate_batched
 
+__all__ = ["grid_curve_measure", "aulc"]
+
 
 def grid_curve_measure(env_id: str, seeds: Sequence[int]) -> Callable[[nn.Module, int], dict]:
     """A learning-curve probe: greedy success and mean return of a grid student on fixed ``seeds`` levels."""

@@ -20,6 +20,8 @@ from llmrl.data.trajectories import Episode
 from llmrl.envs.make import episode_success
 from llmrl.eval.stats import mean_interval, wilson_interval
 
+__all__ = ["Mode", "Policy", "EpisodeRecord", "EvalResult", "run_episode", "evaluate"]
+
 Mode = Literal["greedy", "sampled"]
 
 

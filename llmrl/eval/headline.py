@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from llmrl.eval.harness import EvalResult
 from llmrl.eval.seeds import aggregate_seeds
 
+__all__ = ["headline", "headline_of_results", "metrics_entry"]
+
 
 def headline(per_seed_success: Sequence[Sequence[float]], per_seed_return: Sequence[Sequence[float]] | None = None,
              *, digits: int = 4, reps: int = 2000) -> dict:

@@ -21,6 +21,9 @@ import numpy as np
 
 from llmrl.envs import kalm_levels as kl
 
+__all__ = ["BatchAct", "EpisodeOutcome", "EnvPool", "run_level", "offline_act", "random_act", "grounded_act",
+           "evaluate_benchmark"]
+
 # act(obs [n, d], goal indices [n], episode indices [n]) -> actions [n, ...]
 BatchAct = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 

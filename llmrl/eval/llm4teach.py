@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from llmrl.eval.curves import aulc  # noqa: F401  (re-exported: part of the LLM4Teach result logic)
 from llmrl.eval.seeds import SeedAggregate, aggregate_seeds
+
+__all__ = ["return_headline", "beats_random", "result_check", "select_setting"]
 
 
 def return_headline(per_seed_returns: Sequence[Sequence[float]], *, digits: int = 4, reps: int = 2000) -> dict:

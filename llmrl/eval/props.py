@@ -12,7 +12,7 @@ import numpy as np
 
 from llmrl.eval.seeds import aggregate_seeds
 
-LLM_COUNTERS = ("llm_calls", "tokens", "reasks", "parse_failures", "duplicates", "faults", "fallbacks")
+__all__ = ["mean_curve", "headline"]
 
 
 def mean_curve(runs_rows: Sequence[Sequence[dict]]) -> list[dict]:

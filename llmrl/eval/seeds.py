@@ -24,6 +24,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
+__all__ = ["Statistic", "SeedAggregate", "aggregate_seeds"]
+
 Statistic = Literal["mean", "iqm"]
 
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+__all__ = ["wilson_interval", "mean_interval"]
+
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial rate; well-behaved at 0 and 1, unlike the normal approximation."""

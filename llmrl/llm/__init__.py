@@ -1,5 +1,6 @@
 """The LLM layer: load any model spec, score candidate strings, generate, and call remote endpoints."""
 
+from llmrl.config.lora import LoraSettings
 from llmrl.llm.backends import (
     Backend,
     CachedBackend,
@@ -11,7 +12,7 @@ from llmrl.llm.backends import (
     openai_backend,
 )
 from llmrl.llm.generate import Generation, SamplingConfig, generate
-from llmrl.llm.load import LLM, LoraSettings, ModelSpecError, load_model, save_model
+from llmrl.llm.load import LLM, ModelSpecError, load_model, save_model
 from llmrl.llm.score import CandidateScores, ScoreOutput, score, score_naive, score_tensors
 
 __all__ = [

@@ -28,6 +28,10 @@ from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, tru
 from llmrl.llm.load import LLM, render_chat, reply_tag
 from llmrl.llm.prefix import generate_shared_prefix
 
+__all__ = ["Backend", "LocalBackend", "MalformedReplyError", "llm_fault_types", "OpenAIChatBackend",
+           "OpenAICompletionsBackend", "openai_backend", "CacheMissError", "ReplyCache", "CachedBackend",
+           "LazyBackend", "SharedPromptBackend"]
+
 
 class Backend(Protocol):
     model_id: str

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from llmrl.data.embeddings import EmbeddingTable, MissingEmbeddingError  # noqa: F401
+from llmrl.data.embeddings import EmbeddingTable
+
+__all__ = ["build_table"]
 
 
 @torch.no_grad()

@@ -9,6 +9,8 @@ import torch
 
 from llmrl.llm.load import LLM
 
+__all__ = ["Prompt", "SamplingConfig", "Generation", "eos_token_ids", "truncate_at_stop", "generate"]
+
 Prompt = str | list[dict]
 
 

@@ -24,9 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from llmrl.config.lora import LoraSettings
 from llmrl.files import atomic_path, save_torch
 from llmrl.llm.heads import NumericIO
-from llmrl.llm.load import LLM, LoraSettings, load_model, stable_adapter_names
+from llmrl.llm.load import LLM, load_model, stable_adapter_names
+
+__all__ = ["CONFIG_FILE", "PlaceholderError", "GroundingSpec", "TokenSequence", "collate", "GroundedLM", "trajectory_prompt",
+           "build_grounded"]
 
 PLACEHOLDERS = {"state": " #", "action": " @", "target": " ^"}
 TEXT, STATE, ACTION = 0, 1, 2  # position kinds

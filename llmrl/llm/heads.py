@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
+__all__ = ["mlp_head", "NumericIO"]
+
 
 def mlp_head(hidden: int, out: int, width: int = 1024) -> nn.Sequential:
     """GLAM's value / action head as the original: hidden -> 1024 -> Sigmoid -> 1024 -> Sigmoid -> out."""

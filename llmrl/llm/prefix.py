@@ -23,6 +23,9 @@ from transformers import DynamicCache
 from llmrl.llm.generate import Generation, SamplingConfig, eos_token_ids, truncate_at_stop
 from llmrl.llm.load import LLM
 
+__all__ = ["common_prefix_length", "PrefixBatch", "split_prefix", "suffix_token_logprobs", "completion_logprobs",
+           "generate_shared_prefix"]
+
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     """Length of the longest common prefix of token-id rows, leaving every row at least one token of its own."""

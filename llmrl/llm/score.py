@@ -27,6 +27,8 @@ from transformers import DynamicCache
 
 from llmrl.llm.load import LLM
 
+__all__ = ["CandidateScores", "ScoreOutput", "Trunk", "tokenize_left_padded", "score_tensors", "score", "score_naive"]
+
 
 @dataclass
 class CandidateScores:

@@ -20,6 +20,8 @@ from pydantic import BaseModel, Field
 from llmrl.llm.generate import SamplingConfig, generate
 from llmrl.llm.load import LLM, load_model
 
+__all__ = ["build_app"]
+
 
 class ChatMessage(BaseModel):
     role: str

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from llmrl.config.report import REPORT_SECTIONS
 
+__all__ = ["NOT_CONVERGED", "MissingResultError", "Table", "Series", "CurvePlot", "Video", "Section", "Report",
+           "collect_report"]
+
 MODES = ("greedy", "sampled")
 NOT_CONVERGED = "not converged"
 # why, once per table that flags a row: the metrics file says beats_random: false

@@ -6,6 +6,8 @@ import io
 
 from llmrl.report.collect import CurvePlot
 
+__all__ = ["curve_svg"]
+
 
 def curve_svg(plot: CurvePlot) -> str:
     """An ``<svg>`` element: one line per series, one colour and legend entry per label."""

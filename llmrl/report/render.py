@@ -10,6 +10,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from llmrl.report.collect import NOT_CONVERGED, Report
 from llmrl.report.figures import curve_svg
 
+__all__ = ["write_report"]
+
 INTRO = ("Every number is as the pipeline's metrics files hold it: the value, its seed-level interval [lo, hi] "
          "(a bootstrap over training seeds, then episodes; episode-level where seeds is 1), the number of seeds and "
          "of episodes, greedy and sampled modes apart. Curves are the logged training points, one line per seed "

@@ -11,6 +11,9 @@ from typing import Literal
 import numpy as np
 from minigrid.core.constants import IDX_TO_COLOR, OBJECT_TO_IDX
 
+__all__ = ["TaskKind", "ENV_KIND", "OBJECT_NAMES", "Scene", "describe", "describe_spread", "canonical_colors",
+           "restore_colors", "observation_texts"]
+
 TaskKind = Literal["doorkey", "coloreddoorkey", "twodoor", "simple_spread"]
 KEY, DOOR = OBJECT_TO_IDX["key"], OBJECT_TO_IDX["door"]
 

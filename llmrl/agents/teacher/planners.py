@@ -19,6 +19,9 @@ from llmrl.agents.teacher.prompts import (FALLBACK_PLAN, PROMPTS, PlanDistributi
 from llmrl.llm.backends import Backend, CacheMissError, llm_fault_types
 from llmrl.llm.generate import SamplingConfig
 
+__all__ = ["OraclePlanner", "oracle_plan", "admissible_plans", "planner_messages", "LLM_FAULTS", "LLMPlanner",
+           "ScoringPlanner", "TablePlanner", "LLMOutageError", "plan_texts", "Planner"]
+
 class OraclePlanner:
     """Hand-written plans for every text of a task kind: what a perfect planner would answer."""
 

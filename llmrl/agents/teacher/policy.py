@@ -14,6 +14,8 @@ from llmrl.agents.teacher.describe import OBJECT_NAMES, Scene, TaskKind, canonic
 from llmrl.agents.teacher.planners import Planner
 from llmrl.agents.teacher.prompts import PlanDistribution
 
+__all__ = ["spread_plan_action", "TeacherPolicy"]
+
 @functools.lru_cache(maxsize=4096)
 def _plan_steps(plan: str, object_names: tuple[str, ...]) -> tuple[Step, ...]:
     return tuple(parse_step(s, object_names) for s in plan.split(","))

@@ -15,6 +15,9 @@ from minigrid.core.constants import IDX_TO_COLOR
 from llmrl.agents.skills import VERBS, parse_step
 from llmrl.agents.teacher.describe import OBJECT_NAMES, TaskKind
 
+__all__ = ["FALLBACK_PLAN", "PROMPTS", "PlanReply", "canonical_plan", "PLAN_VERBS", "validate_plan", "parse_reply",
+           "PlanDistribution"]
+
 FALLBACK_PLAN = "explore"
 
 _DOOR_TASK = (
@@ -134,6 +137,13 @@ class PlanDistribution:
     n_error: int = 0
     fallback: bool = False  # True when no reply was valid and the fallback plan stands in
     invalid_reasons: tuple[tuple[str, int], ...] = ()  # (reason, count), sorted by reason
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PlanDistribution:
+        """The inverse of ``dataclasses.asdict`` after a JSON round trip (lists back to tuples)."""
+        return cls(plans=tuple(d["plans"]), probs=tuple(float(p) for p in d["probs"]), n_plan=d["n_plan"],
+                   n_invalid=d["n_invalid"], n_error=d["n_error"], fallback=d["fallback"],
+                   invalid_reasons=tuple((str(r), int(n)) for r, n in d["invalid_reasons"]))
 
     @classmethod
     def from_replies(cls, replies: Sequence[PlanReply], fallback_plan: str = FALLBACK_PLAN) -> PlanDistribution:

@@ -19,6 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT
 
+__all__ = ["VIEW", "AGENT", "DOOR_STATES", "Fact", "ORDERS", "describe_image"]
+
 VIEW = 7
 AGENT = (VIEW // 2, VIEW - 1)  # the agent's cell in the egocentric view: bottom row, middle column
 DOOR_STATES = {0: "open", 1: "closed", 2: "locked"}

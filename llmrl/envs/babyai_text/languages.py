@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from llmrl.envs.babyai_text.description import Fact
 from llmrl.envs.babyai_text.missions import Desc
 
+__all__ = ["ACTIONS_EN", "CHARSET", "English", "French", "VARIANTS"]
+
 ACTIONS_EN = ("turn left", "turn right", "go forward", "pick up", "drop", "toggle")
 # every character any language writes (French accents included): the charset of the observation's text spaces
 CHARSET = string.ascii_letters + string.digits + " ,.'-:_" + "àâäçéèêëîïôöùûüÿœæÀÂÇÉÈÊËÎÏÔÙÛÜŒ"

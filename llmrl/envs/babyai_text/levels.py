@@ -14,6 +14,8 @@ from minigrid.envs.babyai.core.verifier import (
     PutNextInstr,
 )
 
+__all__ = ["HELD_OUT", "TASKS", "MixedLocal", "LEVELS"]
+
 # colour-object combinations the train split never names in a mission and the test split always names
 HELD_OUT = ("yellow box", "red key", "red door", "green ball", "grey door")
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+__all__ = ["Desc", "parse_mission"]
+
 
 class Desc(NamedTuple):
     article: str  # "the" | "a"

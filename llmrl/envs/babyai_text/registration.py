@@ -7,6 +7,8 @@ import gymnasium as gym
 
 from llmrl.envs.babyai_text.levels import LEVELS
 
+__all__: list[str] = []
+
 # the entry point names the package (which re-exports make_text_env), not wrapper.py: the ids' specs stay as
 # they were before the package was split into modules
 for _id, _level in LEVELS.items():

@@ -19,6 +19,8 @@ from llmrl.envs.babyai_text.languages import ACTIONS_EN, CHARSET, VARIANTS
 from llmrl.envs.babyai_text.levels import MixedLocal
 from llmrl.envs.babyai_text.missions import parse_mission
 
+__all__ = ["BabyAIText", "make_text_env"]
+
 
 class BabyAIText(gym.Wrapper):
     """Text observations for any BabyAI level (see module doc); six actions (MiniGrid's "done" is dropped)."""

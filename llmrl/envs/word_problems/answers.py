@@ -11,6 +11,9 @@ import math
 import re
 from fractions import Fraction
 
+__all__ = ["ANSWER_PHRASE", "ANSWER_RE", "format_number", "last_boxed", "through_first_answer", "extract_answer",
+           "normalize_answer", "answers_match", "is_correct"]
+
 ANSWER_PHRASE = "The answer is:"
 ANSWER_RE = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?", re.IGNORECASE)
 

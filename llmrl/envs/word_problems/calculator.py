@@ -13,6 +13,8 @@ from fractions import Fraction
 
 from llmrl.envs.word_problems.answers import format_number
 
+__all__ = ["CalculatorError", "safe_eval", "apply_calculator"]
+
 class CalculatorError(ValueError):
     """An expression the calculator refuses: anything but numbers, + - * / // % ** and parentheses."""
 

@@ -19,6 +19,9 @@ from pathlib import Path
 from llmrl.envs.word_problems.answers import ANSWER_PHRASE, last_boxed, normalize_answer
 from llmrl.files import atomic_path
 
+__all__ = ["MathDataError", "normalize_gsm8k", "normalize_math", "gsm_symbolic_splits", "read_records", "load_hub",
+           "normalize", "check_disjoint", "write_jsonl", "read_jsonl"]
+
 FIELDS = ("id", "problem", "solution", "answer")
 
 

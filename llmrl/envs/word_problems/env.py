@@ -18,6 +18,8 @@ import gymnasium as gym
 from llmrl.envs.word_problems.answers import ANSWER_RE, answers_match, extract_answer
 from llmrl.envs.word_problems.calculator import apply_calculator
 
+__all__ = ["MathEnv"]
+
 
 class MathEnv(gym.Env):
     """Stepwise solving of a fixed list of problems (dicts with ``problem`` and ``answer``).

@@ -18,6 +18,8 @@ import numpy as np
 
 from llmrl.envs.word_problems.answers import ANSWER_PHRASE
 
+__all__ = ["Problem", "generate_problems", "generated_splits"]
+
 NAMES = [("Tom", "He", "he"), ("Anna", "She", "she"), ("Ben", "He", "he"), ("Lily", "She", "she"),
          ("Sam", "He", "he"), ("Mia", "She", "she"), ("Leo", "He", "he"), ("Zoe", "She", "she"),
          ("Max", "He", "he"), ("Emma", "She", "she"), ("Jack", "He", "he"), ("Sara", "She", "she")]
