@@ -4,6 +4,10 @@ Reads data/kalm/real/<benchmark>.h5 (KALM-A's kalm_data); holds out ``kalm.groun
 episodes for the before/after losses; trains on KALM's four patterns (llmrl.algos.kalm_grounding). Writes
 models/kalm/grounded/<benchmark>/ (LoRA adapter + projections + heads + spec), metrics/kalm/ground.json (headline
 losses before/after on held-out episodes, time, dtype) and dvclive curves in plots/kalm/ground/<benchmark>.
+
+Several devices: ``accelerate launch --multi_gpu --num_processes N stages/kalm_ground.py`` trains with DDP (without
+CUDA on CPU over gloo; ``--cpu`` would start one process). Every process builds the same samples and batches and
+trains on its 1/N share of each batch (``llmrl.algos.kalm_grounding``); the main process writes the outputs.
 """
 
 from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
@@ -12,6 +16,8 @@ prepare_stage_process()
 
 import paths  # isort: skip
 
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -36,8 +42,15 @@ REAL = paths.kalm_data().real
 def main() -> None:
     p = stage_params("kalm.ground", KalmGroundParams)
     torch.set_num_threads(p.threads)
+    accelerator = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by `accelerate launch --num_processes N`
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    main_process = accelerator is None or accelerator.is_main_process
+    device = str(accelerator.device) if accelerator is not None else "cpu"
     metrics: dict = {"env": fingerprint_line()}
-    with atomic_path(OUT.model, is_dir=True) as out:
+    with atomic_path(OUT.model, is_dir=True) if main_process else contextlib.nullcontext() as out:
         for benchmark in p.benchmarks:
             start = time.perf_counter()
             rng = seed_everything(p.seed)
@@ -53,7 +66,7 @@ def main() -> None:
                                  action_low=float(spec_a.low), action_high=float(spec_a.high), base_model=p.model,
                                  finetune="lora" if p.lora is not None else "full",
                                  obs_mean=obs.mean(0).tolist(), obs_std=obs.std(0).tolist())
-            model = build_grounded(spec, lora=p.lora)
+            model = build_grounded(spec, lora=p.lora, device=device)
             metrics["dtype"] = dtype_name(autocast_dtype(p, model.llm.device))
             samples = build_samples(model, train, p, rng)
             val_p = p.model_copy(update={k: max(1, v // 8) for k, v in {
@@ -65,9 +78,12 @@ def main() -> None:
                      len(val), sum(len(v) for v in samples.values()), before)
             train_start = time.perf_counter()
             rows = []
-            with open_live(OUT.plots / benchmark) as live:
-                for row in tqdm(train_grounding(model, samples, p, rng), total=p.steps, desc=f"ground {benchmark}"):
+            with open_live(OUT.plots / benchmark) if main_process else contextlib.nullcontext() as live:
+                for row in tqdm(train_grounding(model, samples, p, rng, accelerator=accelerator), total=p.steps,
+                                desc=f"ground {benchmark}", disable=not main_process):
                     rows.append(row)
+                    if not main_process:
+                        continue
                     live.step = row["step"]
                     for key in (*HEADLINE, "lr"):
                         live.log_metric(key, row[key])
@@ -76,6 +92,8 @@ def main() -> None:
                                  {k: round(row[k], 4) for k in HEADLINE})
             train_seconds = time.perf_counter() - train_start
             after = evaluate_losses(model, val_samples, p)
+            if not main_process:
+                continue
             model.save(out / benchmark)
             write_json(out / benchmark / "train.json", {"before": before, "after": after, "curve": rows,
                                                         "env": fingerprint_line()})
@@ -87,7 +105,10 @@ def main() -> None:
                 "train_seconds": round(train_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
             }
             log.info("%s: held-out after %s; %s", benchmark, after, metrics[benchmark])
-    write_json(OUT.metrics, metrics)
+    if main_process:
+        write_json(OUT.metrics, metrics)
+    if accelerator is not None:
+        accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""REINFORCE-KL and GLAM's PPO under accelerate: 2 CPU processes (DDP over gloo) give the updates of one process at
+"""REINFORCE-KL, GLAM's PPO and KALM's grounding fine-tune under accelerate: 2 CPU processes (DDP over gloo) give the updates of one process at
 the same global batch."""
 
 from __future__ import annotations
@@ -164,3 +164,68 @@ def test_glam_ppo_on_two_cpu_processes_matches_one_process(tmp_path):
                 assert many[k] == one[k], k
             for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss", "grad_norm"):
                 assert many[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
+
+
+# KALM's grounding fine-tune: batches of 5 sequences from all four patterns, shared 3 + 2 over the two processes,
+# so a rank's share may lack a term's targets (its head then gets no gradient on that rank). Measured max |Δ| of the
+# trainable weights after 4 AdamW steps: 3.6e-6 (Adam's normalised steps carry the shares' float rounding; each
+# rank's plain mean instead of its target-weighted share: 4.3e-2).
+GROUNDING_ATOL = 2e-5
+def _grounding_run(accelerator=None):
+    import numpy as np
+
+    from llmrl.algos import kalm_grounding as kg
+    from llmrl.llm.grounded import GroundingSpec, build_grounded
+    from tests.test_kalm_grounded import A, D, _episode, _params
+
+    rng = np.random.default_rng(3)
+    torch.manual_seed(0)
+    # LoRA dropout 0: the default's masks would be drawn from each process's own random stream
+    model = build_grounded(GroundingSpec(obs_dim=D, action_dim=A, discrete=True, base_model="tiny", finetune="lora"),
+                           lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    eps = [_episode(rng, discrete=True) for _ in range(3)]
+    p = _params(steps=4, batch_size=5, lr=1e-2)
+    samples = kg.build_samples(model, eps, p, rng)
+    initial = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    rows = list(kg.train_grounding(model, samples, p, rng, accelerator=accelerator))
+    return initial, {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}, rows
+
+
+def _grounding_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    from accelerate import Accelerator
+
+    from llmrl.algos import kalm_grounding as kg
+    from tests.test_kalm_grounded import _model, _params
+
+    acc = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="kalm.ground.batch_size"):
+        next(kg.train_grounding(_model(), {}, _params(batch_size=1), None, accelerator=acc))
+    initial, final, rows = _grounding_run(acc)
+    gathered = [None] * WORLD
+    torch.distributed.all_gather_object(gathered, (final, rows))
+    if rank == 0:
+        torch.save({"initial": initial, "ranks": gathered}, out)
+    acc.end_training()
+
+
+def test_kalm_grounding_on_two_cpu_processes_matches_one_process(tmp_path):
+    out = str(tmp_path / "kalm_ddp.pt")
+    mp.spawn(_grounding_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
+    res = torch.load(out)
+
+    torch.set_num_threads(1)
+    initial, final, rows = _grounding_run()
+    for k in initial:
+        assert torch.equal(initial[k], res["initial"][k])  # both runs start from the same weights
+    assert max(float((final[k] - initial[k]).abs().max()) for k in final) > 1e-3  # the updates did train
+    for rank_final, rank_rows in res["ranks"]:
+        diff = max(float((final[k] - rank_final[k]).abs().max()) for k in final)
+        print(f"KALM grounding: max |2 processes - 1 process| = {diff:.3g}")
+        assert diff <= GROUNDING_ATOL
+        for one, many in zip(rows, rank_rows, strict=True):
+            assert one.keys() == many.keys()
+            for k in ("loss", "obs_loss", "act_loss", "token_loss", "lr"):
+                assert many[k] == pytest.approx(one[k], rel=1e-5, abs=1e-6), k

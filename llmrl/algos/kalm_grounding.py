@@ -7,7 +7,8 @@ Patterns (KALM, arXiv 2404.09248, Sec. 4.1), each a token sequence with vector s
 3. (s0, instruction) -> final state: ``Instruction: <text>\\nInitial state: # s0 Final state: ^ s_T`` (L_obs on s_T);
 4. trajectory -> instruction: ``Trajectory: # s0 @ a0 ... # sT\\nInstruction: <text><eos>`` (L_token on the text).
 Loss = obs_weight * L_obs + act_weight * L_act + token_weight * L_token (KALM: 0.5, 0.5, 1.0), each term a mean
-over its own targets in the batch. Written by hand (not trl's SFTTrainer) because the inputs are mixed token/vector
+over its own targets in the batch. Under accelerate with N processes every rank builds the same batches and trains
+on its share of each; the terms stay means over the whole batch's targets (``train_grounding``). Written by hand (not trl's SFTTrainer) because the inputs are mixed token/vector
 embeddings with two regression heads, which trl's collators and losses do not model.
 """
 
@@ -28,6 +29,7 @@ from llmrl.llm.load import dtype_name, resolve_dtype
 __all__ = ["build_samples", "autocast_dtype", "evaluate_losses", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
+TERMS = ("obs_loss", "act_loss", "token_loss")
 
 
 def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,17 +122,47 @@ def evaluate_losses(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
     return result
 
 
+class _Losses(torch.nn.Module):
+    """``GroundedLM.losses`` as a module's forward: DDP reduces gradients only of what ran through its forward."""
+
+    def __init__(self, model: GroundedLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.model.losses(batch)
+
+
+def _target_counts(batch: dict[str, torch.Tensor]) -> list[float]:
+    """How many targets each of TERMS averages over in ``GroundedLM.losses`` (the same shifted masks)."""
+    return [float(batch["obs_target"][:, 1:].sum()), float(batch["act_target"][:, 1:].sum()),
+            float((batch["labels"][:, 1:] != -100).sum())]
+
+
 def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], p: KalmGroundParams,
-                    rng: np.random.Generator) -> Iterator[dict]:
+                    rng: np.random.Generator, *, accelerator=None) -> Iterator[dict]:
     """SFT on the mixed patterns; yields one metrics row per update.
 
     Row: step, loss, obs_loss, act_loss, token_loss, lr, autocast (dtype name). Batches are drawn from all
     patterns pooled, in a seeded order (an epoch-style permutation, reshuffled when exhausted).
+
+    ``accelerator`` (``accelerate.Accelerator`` of N processes, the model on its device): every rank draws the
+    same batches and runs its share ``batch[rank::N]`` through DDP. A rank's term is its share's mean weighted by
+    N x its share of the batch's targets of that term, so DDP's gradient average is the one-process batch mean;
+    the reported losses are the batch's, on every rank (up to float rounding: the shares are padded apart).
     """
+    acc = accelerator if accelerator is not None and accelerator.num_processes > 1 else None
+    rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+    if p.batch_size < world:
+        raise ValueError(f"kalm.ground.batch_size: {p.batch_size} sequences cannot be shared by {world} processes")
     pool = [s for k in PATTERNS for s in samples.get(k, [])]
     if not pool:
         raise ValueError("train_grounding: no samples")
     params = [q for q in model.parameters() if q.requires_grad]
+    # find_unused_parameters: a rank's share may hold no state or action target, leaving that head without a
+    # gradient in its backward pass (accelerate's prepare_model reads this only from the caller's Accelerator).
+    ddp = (torch.nn.parallel.DistributedDataParallel(_Losses(model), find_unused_parameters=True)
+           if acc is not None else None)
     opt = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
 
     def schedule(step: int) -> float:
@@ -149,16 +181,36 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         batch = [pool[i] for i in order[cursor:cursor + p.batch_size]]
         cursor += p.batch_size
         model.train()
-        with _autocast(dtype, model.llm.device):
-            losses = model.losses(collate(batch, pad))
-        loss = weighted_loss(losses, p)
+        if ddp is None:
+            with _autocast(dtype, model.llm.device):
+                losses = model.losses(collate(batch, pad))
+            loss = objective = weighted_loss(losses, p)
+        else:
+            losses, objective = _share_losses(ddp, collate(batch[rank::world], pad), p, acc, dtype)
+            loss = weighted_loss(losses, p)
         if not math.isfinite(float(loss)):
             raise FloatingPointError(f"grounding loss is {float(loss)} at step {step}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         lr = opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
         yield {"step": step + 1, "loss": float(loss), **{k: float(v) for k, v in losses.items()}, "lr": lr,
                "autocast": dtype_name(dtype)}
+
+
+def _share_losses(ddp, share: dict[str, torch.Tensor], p: KalmGroundParams, acc, dtype: torch.dtype):
+    """(the whole batch's terms, this rank's loss to backpropagate) for one rank's ``share`` of the batch."""
+    world = acc.num_processes
+    model = ddp.module.model
+    counts = _target_counts(share)
+    with _autocast(dtype, model.llm.device):
+        local = ddp(share)
+    # one all-reduce: every term's target count and target sum over the ranks
+    sums = acc.reduce(torch.tensor([*counts, *(float(local[k]) * c for k, c in zip(TERMS, counts))],
+                                   dtype=torch.float64, device=acc.device), "sum").tolist()
+    totals, term_sums = sums[:len(TERMS)], sums[len(TERMS):]
+    whole = {k: torch.tensor(s / t if t else 0.0) for k, s, t in zip(TERMS, term_sums, totals)}
+    scaled = {k: local[k] * (world * c / t if t else 0.0) for k, c, t in zip(TERMS, counts, totals)}
+    return whole, weighted_loss(scaled, p)
