@@ -121,21 +121,26 @@ def _glam_run(accelerator=None):
     return initial, agent.trainable_state(), rows
 
 
-def _glam_worker(rank: int, port: int, out: str) -> None:
+def _glam_job(acc):
+    from llmrl.agents.llm_policy import build_agent
+    from llmrl.algos.ppo_llm import train
+    from llmrl.config.glam import GlamPPO
+
+    with pytest.raises(ValueError, match="checkpoint=None"):
+        next(train(build_agent("tiny", "lora", seed=0), lambda: None, GlamPPO(**GLAM_CFG), history=1, seed=0,
+                   checkpoint="unused.ckpt", accelerator=acc))
+    return _glam_run(acc)
+
+
+def _ddp_worker(rank: int, port: int, out: str, job) -> None:
+    """One of WORLD processes: ``job(accelerator)`` -> (initial, final, rows); rank 0 saves every rank's result."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
-    from llmrl.agents.llm_policy import build_agent
-    from llmrl.algos.ppo_llm import train
-    from llmrl.config.glam import GlamPPO
-
     acc = Accelerator(cpu=True)
-    with pytest.raises(ValueError, match="checkpoint=None"):
-        next(train(build_agent("tiny", "lora", seed=0), lambda: None, GlamPPO(**GLAM_CFG), history=1, seed=0,
-                   checkpoint=out + ".ckpt", accelerator=acc))
-    initial, final, rows = _glam_run(acc)
+    initial, final, rows = job(acc)
     gathered = [None] * WORLD
     torch.distributed.all_gather_object(gathered, (final, rows))
     if rank == 0:
@@ -143,21 +148,29 @@ def _glam_worker(rank: int, port: int, out: str) -> None:
     acc.end_training()
 
 
-def test_glam_ppo_on_two_cpu_processes_matches_one_process(tmp_path):
-    out = str(tmp_path / "glam_ddp.pt")
-    mp.spawn(_glam_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
+def _compare_with_one_process(tmp_path, job, run, atol: float, name: str, trained: float):
+    """Runs ``job`` on WORLD processes and ``run()`` on one; checks both start from the same weights, that the
+    updates trained (some weight moved by more than ``trained``) and every rank's weights are within ``atol``.
+    Returns the one-process rows and every rank's rows."""
+    out = str(tmp_path / "ddp.pt")
+    mp.spawn(_ddp_worker, args=(_free_port(), out, job), nprocs=WORLD, join=True)
     res = torch.load(out)
-
     torch.set_num_threads(1)
-    initial, final, rows = _glam_run()
+    initial, final, rows = run()
     assert initial.keys() == res["initial"].keys()
     for k in initial:
         assert torch.equal(initial[k], res["initial"][k])  # both runs start from the same weights
-    assert max(float((final[k] - initial[k]).abs().max()) for k in final) > 1e-4  # the updates did train
-    for rank_final, rank_rows in res["ranks"]:
+    assert max(float((final[k] - initial[k]).abs().max()) for k in final) > trained  # the updates did train
+    for rank_final, _ in res["ranks"]:
         diff = max(float((final[k] - rank_final[k]).abs().max()) for k in final)
-        print(f"GLAM: max |2 processes - 1 process| = {diff:.3g}")
-        assert diff <= GLAM_ATOL
+        print(f"{name}: max |{WORLD} processes - 1 process| = {diff:.3g}")
+        assert diff <= atol
+    return rows, [rank_rows for _, rank_rows in res["ranks"]]
+
+
+def test_glam_ppo_on_two_cpu_processes_matches_one_process(tmp_path):
+    rows, ranks = _compare_with_one_process(tmp_path, _glam_job, _glam_run, GLAM_ATOL, "GLAM", 1e-4)
+    for rank_rows in ranks:
         assert len(rank_rows) == len(rows) == GLAM_CFG["updates"]
         for one, many in zip(rows, rank_rows, strict=True):
             for k in ("frames", "episodes", "success_rate", "return_mean"):  # the same rollouts
@@ -171,6 +184,8 @@ def test_glam_ppo_on_two_cpu_processes_matches_one_process(tmp_path):
 # trainable weights after 4 AdamW steps: 3.6e-6 (Adam's normalised steps carry the shares' float rounding; each
 # rank's plain mean instead of its target-weighted share: 4.3e-2).
 GROUNDING_ATOL = 2e-5
+
+
 def _grounding_run(accelerator=None):
     import numpy as np
 
@@ -191,40 +206,19 @@ def _grounding_run(accelerator=None):
     return initial, {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}, rows
 
 
-def _grounding_worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
-    torch.set_num_threads(1)
-    from accelerate import Accelerator
-
+def _grounding_job(acc):
     from llmrl.algos import kalm_grounding as kg
     from tests.test_kalm_grounded import _model, _params
 
-    acc = Accelerator(cpu=True)
     with pytest.raises(ValueError, match="kalm.ground.batch_size"):
         next(kg.train_grounding(_model(), {}, _params(batch_size=1), None, accelerator=acc))
-    initial, final, rows = _grounding_run(acc)
-    gathered = [None] * WORLD
-    torch.distributed.all_gather_object(gathered, (final, rows))
-    if rank == 0:
-        torch.save({"initial": initial, "ranks": gathered}, out)
-    acc.end_training()
+    return _grounding_run(acc)
 
 
 def test_kalm_grounding_on_two_cpu_processes_matches_one_process(tmp_path):
-    out = str(tmp_path / "kalm_ddp.pt")
-    mp.spawn(_grounding_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
-    res = torch.load(out)
-
-    torch.set_num_threads(1)
-    initial, final, rows = _grounding_run()
-    for k in initial:
-        assert torch.equal(initial[k], res["initial"][k])  # both runs start from the same weights
-    assert max(float((final[k] - initial[k]).abs().max()) for k in final) > 1e-3  # the updates did train
-    for rank_final, rank_rows in res["ranks"]:
-        diff = max(float((final[k] - rank_final[k]).abs().max()) for k in final)
-        print(f"KALM grounding: max |2 processes - 1 process| = {diff:.3g}")
-        assert diff <= GROUNDING_ATOL
+    rows, ranks = _compare_with_one_process(tmp_path, _grounding_job, _grounding_run, GROUNDING_ATOL,
+                                            "KALM grounding", 1e-3)
+    for rank_rows in ranks:
         for one, many in zip(rows, rank_rows, strict=True):
             assert one.keys() == many.keys()
             for k in ("loss", "obs_loss", "act_loss", "token_loss", "lr"):
