@@ -4,10 +4,12 @@ Writes models/llm_rl/<variant>/ (the LoRA adapter or the whole model, every samp
 rollouts.jsonl, the rendered prompt of the first problem), metrics/llm_rl/train_<variant>.json and dvclive
 curves under plots/llm_rl/train_<variant>/.
 
-Several devices: ``accelerate launch --multi_gpu --num_processes N stages/llm_rl_train.py reinforce_kl`` trains
-REINFORCE-KL with DDP (``ReinforceKL``'s accelerator: every process collects the same episodes and trains on its
-share of each micro-batch; the result equals one process at the same ``common.micro_batch``, tested with 2 CPU
-processes); the main process writes the outputs. Such a run keeps no restart point.
+Several devices: ``accelerate launch --multi_gpu --num_processes N stages/llm_rl_train.py <variant>`` trains with
+DDP. REINFORCE-KL (``ReinforceKL``'s accelerator): every process collects the same episodes and trains on its share
+of each micro-batch; the result equals one process at the same ``common.micro_batch``, tested with 2 CPU
+processes. GRPO (TRL's own DDP): each process samples and scores its 1/N of every micro-batch
+(``llmrl.algos.grpo``), so the budget equals one process's, the samples do not; the main process gathers every
+process's completions. The main process writes the outputs; such a run keeps no restart point.
 """
 
 from common import ROOT, log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
@@ -21,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +62,8 @@ def train_reinforce_kl(p: ReinforceTrainParams, llm, problems, shots, live, chec
 
 
 def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live, workdir):
-    from llmrl.algos.grpo import train
+    """TRL's GRPO; ``live`` None in a worker process of a multi-process run (the main process records)."""
+    from llmrl.algos.grpo import gather_records, train
     from llmrl.algos.llm_rl_grpo import build_trainer, trainer_params
 
     rollouts: list[dict] = []
@@ -73,13 +77,15 @@ def train_grpo(p: ReinforceTrainParams, llm, problems, shots, live, workdir):
         if "reward_mean" in row:
             stats.update(average_reward=row["reward_mean"], mean_length=row.get("completion_length"))
         history.append(stats)
+        if live is None:
+            continue
         for k in ("average_reward", "loss", "grad_norm", "lr"):
             if k in stats:
                 live.log_metric(f"train/{k}", stats[k])
         live.next_step()
         log.info("step %d: reward %s, loss %.4f", stats["step"], stats.get("average_reward"), stats["loss"])
     llm.model = run.trainer.model
-    return llm, history, rollouts
+    return llm, history, gather_records(rollouts)
 
 
 def main() -> None:
@@ -96,19 +102,30 @@ def main() -> None:
     shots, problems = train[: c.few_shot], train[c.few_shot:]
     lora = c.lora
     spec = model_spec(c.model)
-    accelerator, device = None, c.device
+    accelerator, device, main_process = None, c.device, True
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by `accelerate launch --num_processes N`
-        if variant != "reinforce_kl":
-            raise SystemExit("llm_rl_train: several processes (accelerate launch) are supported for reinforce_kl only")
-        from accelerate import Accelerator
+        # accelerate's state for processes on CPU needs cpu=True: without it and without CUDA every process runs
+        # alone (DistributedType.NO) as if it were the only one
+        cpu = c.device == "cpu" if c.device is not None else not torch.cuda.is_available()
+        if variant == "reinforce_kl":
+            from accelerate import Accelerator
 
-        accelerator = Accelerator(cpu=c.device == "cpu")
-        device = str(accelerator.device)
+            accelerator = Accelerator(cpu=cpu)
+            state = accelerator.state
+        else:  # TRL's trainer starts its own Accelerator over the processes
+            from accelerate import PartialState
+
+            state = PartialState(cpu=cpu)
+        device, main_process = str(state.device), state.is_main_process
     # GRPO: TRL attaches the adapter itself (peft_config), so the model is handed over plain.
     llm = load_model(spec, device=device, dtype=c.dtype, lora=lora if variant == "reinforce_kl" else None,
                      trainable=lora is None)
-    if accelerator is not None and not accelerator.is_main_process:
-        train_reinforce_kl(p, llm, problems, shots, None, None, None, accelerator)
+    if not main_process:
+        if variant == "reinforce_kl":
+            train_reinforce_kl(p, llm, problems, shots, None, None, None, accelerator)
+        else:
+            with tempfile.TemporaryDirectory() as workdir:
+                train_grpo(p, llm, problems, shots, None, Path(workdir))
         return
     outputs = paths.llm_rl_train(variant)
     out = outputs.model

@@ -4,6 +4,10 @@ Reads ``props.space`` (the one parameter range) and ``props.grpo``. Writes the L
 (byte-stable), ``data/props/grpo/`` (every scored vector with its split, seeds and returns; every sampled
 completion with its four rewards; the rendered first prompt), ``metrics/props/grpo.json`` and dvclive curves under
 ``plots/props/grpo``.
+
+Several devices: ``accelerate launch --multi_gpu --num_processes N stages/props_grpo.py`` runs TRL's GRPO with DDP:
+each process samples and scores its 1/N of every micro-batch (``llmrl.algos.grpo``); the main process gathers every
+process's completions and writes the outputs.
 """
 
 from common import log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
@@ -12,14 +16,16 @@ prepare_stage_process()
 
 import paths  # isort: skip
 
+import contextlib
 import json
+import os
 import tempfile
 import time
 
 import torch
 from datasets import Dataset
 
-from llmrl.algos.grpo import build_grpo_trainer, recording, save_adapter, train
+from llmrl.algos.grpo import build_grpo_trainer, gather_records, recording, save_adapter, train
 from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, sample_scored_vectors, \
     split_indices
 from llmrl.algos.props_prompts import PromptSettings
@@ -61,8 +67,16 @@ def main() -> None:
     log.info("%d vectors scored over %d episodes in %.1f s (mean return %.2f); %d train / %d test prompts",
              p.vectors, p.episodes, data_s, data.returns.mean(), len(train_idx), len(test_idx))
 
+    state = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # accelerate launch: TRL's trainer runs DDP over the processes
+        from accelerate import PartialState
+
+        # cpu=True for processes on CPU: without it and without CUDA each process would run alone
+        state = PartialState(cpu=p.device == "cpu" if p.device is not None else not torch.cuda.is_available())
+    main_process = state is None or state.is_main_process
     spec = model_spec(p.model)
-    llm = load_model(spec, device=p.device, dtype=p.dtype)  # plain: TRL attaches the adapter
+    llm = load_model(spec, device=str(state.device) if state is not None else p.device,
+                     dtype=p.dtype)  # plain: TRL attaches the adapter
     n_params = len(records["train"][0]["old_params"])
     rewards = make_reward_funcs(RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
                                                return_floor=p.return_floor, return_span=p.return_span,
@@ -72,11 +86,13 @@ def main() -> None:
     ADAPTER.parent.mkdir(parents=True, exist_ok=True)
     t_train = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".props_grpo_trl.", dir=ADAPTER.parent) as trl_dir, \
-            open_live(PLOTS) as live:
+            open_live(PLOTS) if main_process else contextlib.nullcontext() as live:
         run = build_grpo_trainer(llm, Dataset.from_list(records["train"]),
                                  recording(rewards, completions, keys=("id",)), p.trainer, trl_dir)
         for row in train(run):
             rows.append(row)
+            if not main_process:
+                continue
             for key, value in row.items():
                 if key != "step":
                     live.log_metric(f"train/{key}", value)
@@ -86,6 +102,9 @@ def main() -> None:
                      row.get("reward_format_hard", float("nan")), row.get("reward_policy", float("nan")),
                      row.get("reward_improvement", float("nan")), row["loss"])
         train_s = time.perf_counter() - t_train
+        completions = gather_records(completions)
+        if not main_process:
+            return
         save_adapter(run.trainer.model, ADAPTER, base_model=p.model)
 
     held_out = set(test_idx.tolist())

@@ -1,5 +1,5 @@
-"""REINFORCE-KL, GLAM's PPO and KALM's grounding fine-tune under accelerate: 2 CPU processes (DDP over gloo) give the updates of one process at
-the same global batch."""
+"""REINFORCE-KL, GLAM's PPO and KALM's grounding fine-tune under accelerate: 2 CPU processes (DDP over gloo) give the
+updates of one process at the same global batch. GRPO (TRL's own DDP): 2 processes keep one process's budget."""
 
 from __future__ import annotations
 
@@ -223,3 +223,58 @@ def test_kalm_grounding_on_two_cpu_processes_matches_one_process(tmp_path):
             assert one.keys() == many.keys()
             for k in ("loss", "obs_loss", "act_loss", "token_loss", "lr"):
                 assert many[k] == pytest.approx(one[k], rel=1e-5, abs=1e-6), k
+
+
+# TRL's GRPO runs DDP itself: each process samples and scores its half of every micro-batch of 4 completions, so
+# a 2-process run has one process's budget (steps, completions) but not its samples; the ranks stay in step.
+def _grpo_run(accelerator=None, *, batch: int = 4, generations: int = 2):
+    """(initial, final, {"steps": logged steps, "completions": recorded completions per step}) of 3 GRPO steps."""
+    import tempfile
+    from collections import Counter
+
+    from datasets import Dataset
+
+    from llmrl.algos.grpo import build_grpo_trainer, completion_text, gather_records, recording, train
+    from llmrl.config.grpo import GRPOTrainParams
+    from llmrl.llm import load_model
+
+    def length_reward(completions, **_):  # varies within a group, so the steps move the adapter
+        return [len(completion_text(c)) / 10 for c in completions]
+
+    torch.manual_seed(0)
+    cfg = GRPOTrainParams(learning_rate=1e-2, num_generations=generations, per_device_train_batch_size=batch,
+                          max_steps=3, max_completion_length=6, seed=0, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    prompts = Dataset.from_list([{"prompt": f"Count to {i}:"} for i in range(8)])
+    record: list[dict] = []
+    run = build_grpo_trainer(load_model("tiny"), prompts, recording([length_reward], record), cfg,
+                             tempfile.mkdtemp(prefix="grpo-ddp-"))
+    trainable = [(n, p) for n, p in run.trainer.model.named_parameters() if p.requires_grad]
+    initial = {n: p.detach().clone() for n, p in trainable}
+    steps = [row["step"] for row in train(run)]
+    final = {n: p.detach().clone() for n, p in trainable}
+    return initial, final, {"steps": steps, "completions": sorted(Counter(r["step"] for r in record).values()),
+                            "gathered": len(gather_records(record))}
+
+
+def _grpo_job(acc):
+    with pytest.raises(ValueError, match="divisible by the 2 processes"):
+        _grpo_run(acc, batch=3, generations=3)
+    return _grpo_run(acc)
+
+
+def test_grpo_on_two_cpu_processes_keeps_one_process_budget(tmp_path):
+    out = str(tmp_path / "ddp.pt")
+    mp.spawn(_ddp_worker, args=(_free_port(), out, _grpo_job), nprocs=WORLD, join=True)
+    res = torch.load(out)
+    torch.set_num_threads(1)
+    initial, final, one = _grpo_run()
+    (final_0, many_0), (final_1, many_1) = res["ranks"]
+    for k in initial:
+        assert torch.equal(initial[k], res["initial"][k])  # both runs start from the same weights
+    assert max(float((final_0[k] - initial[k]).abs().max()) for k in final_0) > 1e-4  # the steps trained
+    assert all(torch.equal(final_0[k], final_1[k]) for k in final_0)  # DDP kept the ranks in step
+    assert one["steps"] == many_0["steps"] == many_1["steps"] == [1, 2, 3]
+    # 4 completions per step: all 4 sampled and scored by one process, or 2 by each of the two
+    assert one["completions"] == [4, 4, 4]
+    assert many_0["completions"] == many_1["completions"] == [2, 2, 2]
+    assert one["gathered"] == many_0["gathered"] == many_1["gathered"] == 12  # every process's, on every process

@@ -34,7 +34,7 @@ from llmrl.files import atomic_path
 from llmrl.llm.load import LLM, peft_lora_config, stable_adapter_names
 
 __all__ = ["RewardFunc", "completion_text", "prompt_token_count", "truncate_prompt", "recording", "GRPORun",
-           "build_grpo_trainer", "train", "save_adapter"]
+           "build_grpo_trainer", "train", "gather_records", "save_adapter"]
 
 RewardFunc = Callable[..., list[float]]
 
@@ -176,12 +176,22 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
 
     ``llm.model`` must be plain (no peft adapter): TRL attaches ``cfg.lora`` itself. TRL writes nothing but
     ``output_dir`` (no checkpoints, no report_to); the caller removes it.
+
+    Over N processes (``accelerate launch``; TRL's trainer runs DDP itself) ``cfg.per_device_train_batch_size``
+    stays the micro-batch of the whole run: each process takes 1/N of it, so every optimiser step and generation
+    round holds as many completions as with one process. Each process samples its own completions, so such a run
+    equals one process in its budget, not in its samples; the reward functions see their process's completions.
     """
+    from accelerate import PartialState
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     if llm.model.__class__.__name__.startswith("Peft"):
         raise ValueError("build_grpo_trainer: llm.model already carries a peft adapter; pass the plain model")
+    processes = PartialState().num_processes
+    if cfg.per_device_train_batch_size % processes:
+        raise ValueError(f"per_device_train_batch_size={cfg.per_device_train_batch_size} (the micro-batch over all "
+                         f"processes) must be divisible by the {processes} processes")
     dataset, n_cut = truncate_prompts(dataset, llm.tokenizer, cfg.max_prompt_tokens)
     args = GRPOConfig(
         output_dir=str(output_dir),
@@ -193,7 +203,7 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
         scale_rewards=cfg.scale_rewards,
         reward_weights=cfg.reward_weights,
         num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_train_batch_size=cfg.per_device_train_batch_size // processes,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         steps_per_generation=cfg.steps_per_generation,
         max_steps=cfg.max_steps or -1,
@@ -288,6 +298,15 @@ def train(run: GRPORun) -> Iterator[dict]:
         run.trainer.remove_callback(callback)
     if failure:
         raise failure[0]
+
+
+def gather_records(record: list[dict]) -> list[dict]:
+    """Every process's recorded completions (``recording``), in process order, on every process; the list itself
+    in a one-process run. Each process scores only the completions it sampled."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    return gather_object(record) if PartialState().num_processes > 1 else record
 
 
 def save_adapter(model, folder: str | os.PathLike, *, base_model: str) -> None:
