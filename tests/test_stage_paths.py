@@ -105,3 +105,24 @@ def test_no_stage_script_reaches_into_method_folders(script):
     used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "paths"
              for a in n.names if a.name in folder_names}
     assert not used, f"{script.name} uses {sorted(used)}: ask the writing stage's function in stages/paths.py"
+
+
+# Records written by scripts outside the pipeline, on purpose (named in params, documented there).
+SCRIPT_RECORDS = {"metrics/llm4teach/selection.json"}  # scripts/llm4teach_select.py
+
+
+def test_every_tracked_result_file_is_a_declared_output():
+    """A git-tracked file under metrics/ or plots/ that no stage declares is never refreshed by a stage run in a
+    worker clone (only declared outputs come back to the workspace), so its committed copy goes stale silently."""
+    import subprocess
+
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:  # DVC's own index: matrix items resolved
+        outs = [Path(out.fs_path).relative_to(ROOT).as_posix() for stage in repo.index.stages for out in stage.outs]
+    tracked = subprocess.run(["git", "ls-files", "metrics", "plots"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked
+    stray = [f for f in tracked if Path(f).name != ".gitignore" and f not in SCRIPT_RECORDS
+             and not any(f == out or f.startswith(out + "/") for out in outs)]
+    assert not stray, f"tracked in git but no stage's output (add it to the stage or to .gitignore): {stray}"
