@@ -169,6 +169,12 @@ def shared_prefix_grpo_trainer():
     return SharedPrefixGRPOTrainer
 
 
+_GRPO_CONFIG_NAMES = ("learning_rate", "loss_type", "beta", "num_iterations", "epsilon", "scale_rewards",
+                      "reward_weights", "num_generations", "gradient_accumulation_steps", "steps_per_generation",
+                      "num_train_epochs", "max_completion_length", "temperature", "top_p", "lr_scheduler_type",
+                      "max_grad_norm", "seed")
+
+
 def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[RewardFunc], cfg: GRPOTrainParams,
                        output_dir: str | os.PathLike) -> GRPORun:
     """A ``trl.GRPOTrainer`` over ``dataset`` (a ``datasets.Dataset`` with a ``prompt`` column of chats or
@@ -194,26 +200,11 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
                          f"processes) must be divisible by the {processes} processes")
     dataset, n_cut = truncate_prompts(dataset, llm.tokenizer, cfg.max_prompt_tokens)
     args = GRPOConfig(
+        # the settings whose names are GRPOConfig's own (llmrl.config.grpo), passed as they are
+        **{name: getattr(cfg, name) for name in _GRPO_CONFIG_NAMES},
         output_dir=str(output_dir),
-        learning_rate=cfg.learning_rate,
-        loss_type=cfg.loss_type,
-        beta=cfg.beta,
-        num_iterations=cfg.num_iterations,
-        epsilon=cfg.epsilon,
-        scale_rewards=cfg.scale_rewards,
-        reward_weights=cfg.reward_weights,
-        num_generations=cfg.num_generations,
         per_device_train_batch_size=cfg.per_device_train_batch_size // processes,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        steps_per_generation=cfg.steps_per_generation,
         max_steps=cfg.max_steps or -1,
-        num_train_epochs=cfg.num_train_epochs,
-        max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        max_grad_norm=cfg.max_grad_norm,
-        seed=cfg.seed,
         data_seed=cfg.seed,
         bf16=use_bf16(cfg, llm),
         # transformers 5 renamed gradient_checkpointing (TRL's default: on); the new name silences the deprecation
