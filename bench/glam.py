@@ -50,7 +50,8 @@ THREADS = 1  # measured faster than 2 on this shared 2-core machine
 REPEATS = 3  # runs of each default-setting measurement; the median is compared
 
 
-def naive_score_tensors(llm, prompts, candidates, *, return_prompt_hidden=False, trunks=None, trunk_start=None
+def naive_score_tensors(llm, prompts, candidates, *, return_prompt_hidden=False, trunks=None, trunk_start=None,
+                        share_prefix=False
                         ) -> ScoreOutput:
     """Reference scorer: every (prompt, candidate) pair is one full sequence; no cache (nor frozen trunk)."""
     assert trunks is None and trunk_start is None, "the naive run uses LoRA on every layer"

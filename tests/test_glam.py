@@ -187,6 +187,23 @@ def test_time_limit_truncation_is_bootstrapped_with_the_cut_state_value():
             assert buf["rewards"][2, i] == 0.0 or buf["dones"][2, i] == 1
 
 
+def test_update_computes_each_distinct_row_of_a_minibatch_once():
+    # Small levels repeat (prompt, candidates) rows: a minibatch's repeats share one forward row, micro-batches
+    # hold distinct rows, and the update is the one of computing every sample apart (their gradients sum).
+    torch.manual_seed(0)
+    agent = build_agent("tiny", "lora", lora_layers=1)
+    cfg = GlamPPO(n_envs=4, frames_per_env=4, epochs=1, minibatch_size=16, micro_batch=2, lr=1e-2)
+    batch = _batch(agent, cfg)
+    distinct = len({(p, tuple(c)) for p, c in zip(batch["prompts"], batch["cands"])})
+    assert distinct < len(batch["prompts"])  # the test needs repeats
+    rows, forward = [], agent._forward
+    agent._forward = lambda rendered, *a, **k: rows.append(len(rendered)) or forward(rendered, *a, **k)
+    stats = ppo_update(agent, torch.optim.SGD([p for p in agent.parameters() if p.requires_grad], lr=0.0), batch,
+                       cfg, torch.Generator().manual_seed(1))
+    assert sum(rows) == distinct and max(rows) <= cfg.micro_batch and len(rows) == -(-distinct // cfg.micro_batch)
+    assert abs(stats["approx_kl"]) < 1e-6  # lr 0: the policy that collected the batch
+
+
 def test_frozen_trunk_gives_the_full_forward_and_trains_the_top_layers_only():
     # LoRA on the top layer of the tiny model's two: the bottom layer's outputs, captured while acting, stand in
     # for it in every PPO epoch, and must give what the full forward gives, before and after the top moves.

@@ -79,6 +79,43 @@ def test_score_gradients_flow_through_lora():
     assert frozen and all(p.grad is None for p in frozen)
 
 
+def test_shared_prefix_gives_the_plain_scores_trunks_and_gradients():
+    # GLAM computes its prompts' common token prefix once (share_prefix): the scores, prompt states, frozen-trunk
+    # states, replays from those trunks and gradients of the plain left-padded pass, up to float rounding.
+    from llmrl.llm.prefix import common_prefix_length
+
+    llm = load_model("tiny:1", lora=LoraSettings(r=4, alpha=8, dropout=0.0, layers=1))
+    stem = PROMPTS[0]
+    prompts = [stem + " turn left", stem + " go forward, then turn right", stem]  # the last one is all prefix
+    rows = [llm.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert common_prefix_length(rows) == len(rows[2]) - 1 > 20
+    runs = {}
+    for share in (False, True):
+        llm.model.zero_grad()
+        out = score_tensors(llm, prompts, [ACTIONS] * 3, return_prompt_hidden=True, trunk_start=1,
+                            share_prefix=share)
+        (out.logprob.sum() + out.prompt_hidden.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in llm.model.named_parameters() if p.grad is not None}
+        replay = score_tensors(llm, prompts, [ACTIONS] * 3, return_prompt_hidden=True, trunks=out.trunks,
+                               share_prefix=share)
+        runs[share] = out, grads, replay
+    (plain, plain_grads, _), (shared, shared_grads, shared_replay) = runs[False], runs[True]
+    close = dict(rtol=0, atol=1e-4)
+    torch.testing.assert_close(shared.logprob, plain.logprob, **close)
+    torch.testing.assert_close(shared.prompt_hidden, plain.prompt_hidden, **close)
+    torch.testing.assert_close(shared_replay.logprob, plain.logprob, **close)
+    torch.testing.assert_close(shared_replay.prompt_hidden, plain.prompt_hidden, **close)
+    for a, b, ids in zip(shared.trunks, plain.trunks, rows):
+        assert a.prompt.shape == b.prompt.shape == (len(ids), llm.model.config.hidden_size)
+        torch.testing.assert_close(a.prompt, b.prompt, **close)
+        for x, y in zip(a.candidates, b.candidates):
+            torch.testing.assert_close(x, y, **close)
+    assert shared_grads.keys() == plain_grads.keys() and shared_grads
+    for n, g in plain_grads.items():
+        torch.testing.assert_close(shared_grads[n], g, rtol=1e-4, atol=1e-5)
+    assert any(g.abs().sum() > 0 for g in plain_grads.values())
+
+
 def test_generate_seeded_and_stop_strings(tiny_llm):
     s = SamplingConfig(max_new_tokens=12, temperature=1.0, seed=7)
     a = generate(tiny_llm, ["hello", "the cat"], s)

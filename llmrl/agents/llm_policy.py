@@ -144,8 +144,9 @@ class LLMActorCritic(nn.Module):
             hidden = self._prompt_hidden(rendered).float()
             logits = self.action_head(hidden)
         else:
+            # share_prefix: GLAM's prompts share their first half (system turn, actions, labels), computed once
             out = score_tensors(self.llm, rendered, candidates, return_prompt_hidden=True, trunks=trunks,
-                                trunk_start=self.trunk_start if capture else None)
+                                trunk_start=self.trunk_start if capture else None, share_prefix=True)
             hidden = out.prompt_hidden.float()
             # length_norm: per-token mean log-prob, so one-token actions are not favoured by length alone
             score = out.logprob / out.n_tokens.clamp(min=1) if self.length_norm else out.logprob

@@ -145,10 +145,12 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
                gen: torch.Generator, *, accelerator=None, model: torch.nn.Module | None = None) -> dict:
     """``epochs`` passes of clipped PPO over the flattened batch; returns statistics averaged over all of them.
 
-    With an ``accelerator`` of N processes every rank holds the same batch and runs ``model`` (``agent`` wrapped in
-    DDP) on its share ``mb[rank::N]`` of each minibatch. Its losses are scaled by N, so DDP's gradient average is
-    the minibatch mean one process takes, and the statistics are summed over the ranks: every rank steps and
-    reports like one process (up to float rounding: the shares are batched and padded apart).
+    A minibatch's samples are grouped by their (prompt, candidates) row, and a micro-batch holds up to
+    ``micro_batch`` distinct rows with every sample of them. With an ``accelerator`` of N processes every rank
+    holds the same batch and runs ``model`` (``agent`` wrapped in DDP) on its share ``rows[rank::N]`` of each
+    minibatch. Its losses are scaled by N, so DDP's gradient average is the minibatch mean one process takes,
+    and the statistics are summed over the ranks: every rank steps and reports like one process (up to float
+    rounding: the shares are batched and padded apart).
     """
     acc = accelerator
     rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
@@ -162,18 +164,25 @@ def ppo_update(agent: LLMActorCritic, optimizer: torch.optim.Optimizer, batch: d
     keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "loss")
     stats: dict[str, list[float]] = {k: [] for k in (*keys, "grad_norm")}
     agent.train()
+    row_of = [(p, tuple(c)) for p, c in zip(prompts, cands)]  # small levels repeat (prompt, candidates) rows a lot
     for _ in range(cfg.epochs):
         perm = torch.randperm(n, generator=gen)
         for start in range(0, n, cfg.minibatch_size):
             mb = perm[start:start + cfg.minibatch_size]
-            share = mb[rank::world]
+            # Micro-batches hold up to micro_batch distinct rows with all their samples: the model computes each
+            # distinct row of the minibatch once (the forward indexes repeats back; their gradients sum).
+            samples: dict[tuple, list[int]] = {}
+            for i in mb.tolist():
+                samples.setdefault(row_of[i], []).append(i)
+            groups = list(samples.values())[rank::world]
             # Every rank runs as many micro-batches as the largest share (DDP pairs up their backward passes); a
-            # rank out of samples runs the minibatch's first one with weight 0.
-            n_micro = -(-(-(-len(mb) // world)) // cfg.micro_batch)
+            # rank out of rows runs the minibatch's first sample with weight 0.
+            n_micro = -(-(-(-len(samples) // world)) // cfg.micro_batch)
             optimizer.zero_grad(set_to_none=True)
             sums = {k: 0.0 for k in keys}
             for j in range(n_micro):
-                idx = share[j * cfg.micro_batch:(j + 1) * cfg.micro_batch]
+                idx = torch.tensor([i for g in groups[j * cfg.micro_batch:(j + 1) * cfg.micro_batch] for i in g],
+                                   dtype=torch.long)
                 weight = len(idx) / len(mb)  # micro-batch share of the minibatch mean
                 if not len(idx):
                     idx = mb[:1]

@@ -23,8 +23,8 @@ from transformers import DynamicCache
 from llmrl.llm.generate import Generation, SamplingConfig, eos_token_ids, truncate_at_stop
 from llmrl.llm.load import LLM
 
-__all__ = ["common_prefix_length", "PrefixBatch", "split_prefix", "suffix_token_logprobs", "completion_logprobs",
-           "generate_shared_prefix"]
+__all__ = ["common_prefix_length", "PrefixBatch", "split_prefix", "split_prefix_left_padded", "suffix_token_logprobs",
+           "completion_logprobs", "generate_shared_prefix"]
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
@@ -62,6 +62,21 @@ def split_prefix(rows: Sequence[Sequence[int]], pad_id: int, device, max_prefix:
     for i, r in enumerate(rows):
         suffix[i, : len(r) - p] = torch.tensor(r[p:])
         mask[i, : len(r) - p] = 1
+    return PrefixBatch(torch.tensor([list(rows[0][:p])], dtype=torch.long).to(device), suffix.to(device),
+                       mask.to(device))
+
+
+def split_prefix_left_padded(rows: Sequence[Sequence[int]], pad_id: int, device, *, share: bool = True
+                             ) -> PrefixBatch:
+    """Shared prefix and suffixes padded on the left, ``[prefix | pad | suffix]``, so that every row's last token
+    is the batch's last position; ``share=False`` keeps no prefix (plain left padding)."""
+    p = common_prefix_length(rows) if share else 0
+    width = max(len(r) for r in rows) - p
+    suffix = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        suffix[i, width - (len(r) - p):] = torch.tensor(r[p:])
+        mask[i, width - (len(r) - p):] = 1
     return PrefixBatch(torch.tensor([list(rows[0][:p])], dtype=torch.long).to(device), suffix.to(device),
                        mask.to(device))
 
@@ -155,15 +170,10 @@ def generate_shared_prefix(llm: LLM, texts: Sequence[str], sampling: SamplingCon
         for start in range(0, len(texts), batch_size):
             chunk = texts[start:start + batch_size]
             rows = [tok(t, add_special_tokens=False)["input_ids"] for t in chunk]
-            batch = split_prefix(rows, tok.pad_token_id, dev)
+            batch = split_prefix_left_padded(rows, tok.pad_token_id, dev)
             B, S, P = batch.suffix.shape[0], batch.suffix.shape[1], batch.P
-            lens = batch.suffix_mask.sum(-1)
-            # Left-align each suffix at the end: [prefix | pad | suffix].
-            shift = S - lens
-            idx = (torch.arange(S, device=dev)[None] - shift[:, None]).clamp(min=0)
-            suffix = torch.where(torch.arange(S, device=dev)[None] >= shift[:, None],
-                                 batch.suffix.gather(1, idx), torch.full_like(batch.suffix, tok.pad_token_id))
-            smask = (torch.arange(S, device=dev)[None] >= shift[:, None]).long()
+            suffix, smask = batch.suffix, batch.suffix_mask
+            lens = smask.sum(-1)
             cache, _ = _prefix_cache(model, batch.prefix, B)
             mask = torch.cat([torch.ones((B, P), dtype=torch.long, device=dev), smask], dim=1)
             pos = P + (smask.cumsum(-1) - 1).clamp(min=0)

@@ -26,6 +26,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from llmrl.llm.load import LLM
+from llmrl.llm.prefix import common_prefix_length, split_prefix_left_padded
 
 __all__ = ["CandidateScores", "ScoreOutput", "Trunk", "tokenize_left_padded", "score_tensors", "score", "score_naive"]
 
@@ -124,6 +125,40 @@ def _tokenize_candidates(tokenizer, candidates: Sequence[str], device) -> tuple[
     return input_ids.to(device), mask.to(device)
 
 
+def _prompt_forward(model, prefix: dict | None, suffix: dict, suffix_mask: torch.Tensor, *, hidden: bool):
+    """The prompts' pass, ``[prefix | pad | suffix]``: the shared prefix (``input_ids`` or ``inputs_embeds`` of one
+    row; None for none) once, its KV cache repeated over the rows, then every row's left-padded suffix on it.
+    Returns the prefix pass's output (or None), the suffix pass's (last position's logits only) and the attention
+    mask over both, [B, P + S]."""
+    B = suffix_mask.shape[0]
+    cache, pre = DynamicCache(), None
+    if prefix is not None:
+        pre = model(**prefix, past_key_values=cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1)
+        cache = pre.past_key_values
+        cache.batch_repeat_interleave(B)
+    P = cache.get_seq_length()
+    mask = torch.cat([torch.ones((B, P), dtype=suffix_mask.dtype, device=suffix_mask.device), suffix_mask], dim=1)
+    pos = P + (suffix_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(**suffix, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                output_hidden_states=hidden,
+                logits_to_keep=1)  # only the last position's logits are used; the vocab projection dominates
+    return pre, out, mask
+
+
+def _candidate_forward(model, cand: dict, cand_mask: torch.Tensor, prompt_mask: torch.Tensor, cache, n_cand: int,
+                       *, hidden: bool = False):
+    """Every candidate on its prompt's KV cache ([B*C] rows): logits at the positions that predict a next
+    candidate token only (a candidate's last position predicts nothing)."""
+    cache.batch_repeat_interleave(n_cand)
+    width = cand_mask.shape[1]
+    dev = cand_mask.device
+    lens = prompt_mask.sum(-1).repeat_interleave(n_cand)  # [B*C] true prompt lengths
+    full_mask = torch.cat([prompt_mask.repeat_interleave(n_cand, dim=0), cand_mask], dim=1)
+    return model(**cand, attention_mask=full_mask, position_ids=lens[:, None] + torch.arange(width, device=dev)[None],
+                 past_key_values=cache, use_cache=True, output_hidden_states=hidden,
+                 logits_to_keep=torch.arange(max(width - 1, 1), device=dev))
+
+
 def score_tensors(
     llm: LLM,
     prompts: Sequence[str],
@@ -132,16 +167,19 @@ def score_tensors(
     return_prompt_hidden: bool = False,
     trunk_start: int | None = None,
     trunks: Sequence[Trunk] | None = None,
+    share_prefix: bool = False,
 ) -> ScoreOutput:
     """Summed log-probs of ``candidates[i][j]`` after rendered text ``prompts[i]``, one forward per prompt.
 
     All prompts must offer the same number of candidates (pad the list upstream otherwise). Gradients flow
     when the model has trainable parameters and grad is enabled. ``trunk_start`` also returns each row's
     ``Trunk`` (hidden states entering that layer); ``trunks`` (captured earlier for these very rows, with the
-    layers below their ``start`` unchanged since) runs only the layers from there.
+    layers below their ``start`` unchanged since) runs only the layers from there. ``share_prefix`` computes the
+    prompts' longest common token prefix once (``llmrl.llm.prefix``): the same scores up to float rounding, for
+    the cost of the rows' own suffixes (GLAM's prompts share their first half: system turn and action list).
     """
     if trunks is not None:
-        return _score_from_trunks(llm, prompts, candidates, trunks, return_prompt_hidden)
+        return _score_from_trunks(llm, prompts, candidates, trunks, return_prompt_hidden, share_prefix)
     n_prompts = len(prompts)
     if n_prompts == 0:
         raise ValueError("score: no prompts")
@@ -152,40 +190,28 @@ def score_tensors(
         raise ValueError("score: every prompt needs the same, non-zero number of candidates")
     model, tok, dev = llm.model, llm.tokenizer, llm.device
 
-    prompt_ids, prompt_mask = tokenize_left_padded(tok, prompts, dev)
-    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=prompt_pos,
-        past_key_values=cache,
-        use_cache=True,
-        output_hidden_states=return_prompt_hidden or trunk_start is not None,
-        logits_to_keep=1,  # only the last position's logits are used; the vocab projection dominates small models
-    )
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    if any(len(x) == 0 for x in rows):
+        raise ValueError("score: every prompt must tokenise to at least one token")
+    batch = split_prefix_left_padded(rows, tok.pad_token_id, dev, share=share_prefix)
+    capture = trunk_start is not None
+    pre, out, prompt_mask = _prompt_forward(model, {"input_ids": batch.prefix} if batch.P else None,
+                                            {"input_ids": batch.suffix}, batch.suffix_mask,
+                                            hidden=return_prompt_hidden or capture)
     hidden = out.hidden_states[-1][:, -1] if return_prompt_hidden else None
-    cache = out.past_key_values
 
     flat = [c for cands in candidates for c in cands]
     cand_ids, cand_mask = _tokenize_candidates(tok, flat, dev)  # [B*C, L]
-    cache.batch_repeat_interleave(n_cand)
-    lens = prompt_mask.sum(-1).repeat_interleave(n_cand)  # [B*C] true prompt lengths
-    cand_pos = lens[:, None] + torch.arange(cand_ids.shape[1], device=dev)[None]
-    full_mask = torch.cat([prompt_mask.repeat_interleave(n_cand, dim=0), cand_mask], dim=1)
-    cand_out = model(
-        input_ids=cand_ids,
-        attention_mask=full_mask,
-        position_ids=cand_pos,
-        past_key_values=cache,
-        use_cache=True,
-        output_hidden_states=trunk_start is not None,
-    )
+    cand_out = _candidate_forward(model, {"input_ids": cand_ids}, cand_mask, prompt_mask, out.past_key_values,
+                                  n_cand, hidden=capture)
     captured = None
-    if trunk_start is not None:
-        hp, hc = out.hidden_states[trunk_start].detach(), cand_out.hidden_states[trunk_start].detach()
-        p_len, c_len = prompt_mask.sum(-1).tolist(), cand_mask.sum(-1).tolist()
-        captured = [Trunk(trunk_start, hp[i, hp.shape[1] - p_len[i]:].clone(),
+    if capture:
+        hs = out.hidden_states[trunk_start].detach()
+        hp = hs if pre is None else torch.cat([pre.hidden_states[trunk_start].detach().expand(n_prompts, -1, -1),
+                                               hs], dim=1)
+        hc = cand_out.hidden_states[trunk_start].detach()
+        c_len = cand_mask.sum(-1).tolist()
+        captured = [Trunk(trunk_start, hp[i][prompt_mask[i].bool()].clone(),
                           [hc[j, : c_len[j]].clone() for j in range(i * n_cand, (i + 1) * n_cand)])
                     for i in range(n_prompts)]
     return _candidate_scores(out.logits, cand_out.logits, cand_ids, cand_mask, n_prompts, n_cand, hidden, captured)
@@ -195,7 +221,7 @@ def _candidate_scores(prompt_logits, cand_logits, cand_ids, cand_mask, n_prompts
                       trunks=None) -> ScoreOutput:
     first_logp = F.log_softmax(prompt_logits[:, -1].float(), dim=-1)  # [B, V]: predicts each candidate's 1st token
     # Token t of a candidate is predicted by the prompt's last logits (t = 0) or candidate position t-1.
-    rest_logp = F.log_softmax(cand_logits[:, :-1].float(), dim=-1)
+    rest_logp = F.log_softmax(cand_logits[:, : cand_ids.shape[1] - 1].float(), dim=-1)
     token_logp = torch.cat(
         [
             first_logp.repeat_interleave(n_cand, dim=0).gather(-1, cand_ids[:, :1]),
@@ -212,10 +238,12 @@ def _candidate_scores(prompt_logits, cand_logits, cand_ids, cand_mask, n_prompts
     )
 
 
-def _score_from_trunks(llm: LLM, prompts, candidates, trunks: Sequence[Trunk], return_prompt_hidden: bool
-                       ) -> ScoreOutput:
+def _score_from_trunks(llm: LLM, prompts, candidates, trunks: Sequence[Trunk], return_prompt_hidden: bool,
+                       share_prefix: bool = False) -> ScoreOutput:
     """``score_tensors`` from captured trunks: the same two passes (prompts, then candidates on the prompts' KV
-    cache) through layers ``start``.. only, on the stored hidden states laid out as the token ids would be."""
+    cache) through layers ``start``.. only, on the stored hidden states laid out as the token ids would be. With
+    ``share_prefix`` the prompts' common token prefix runs once, on the first row's states: rows captured in
+    other batches hold the same states up to float rounding."""
     model, dev = llm.model, llm.device
     n_prompts, n_cand = len(prompts), len(candidates[0])
     if len(trunks) != n_prompts or any(len(t.candidates) != n_cand for t in trunks):
@@ -224,33 +252,34 @@ def _score_from_trunks(llm: LLM, prompts, candidates, trunks: Sequence[Trunk], r
     if len(starts) != 1:
         raise ValueError(f"score: trunks captured at different layers {sorted(starts)}")
     start = starts.pop()
-    width, dim = max(t.prompt.shape[0] for t in trunks), trunks[0].prompt.shape[1]
-    prompt_h = torch.zeros(n_prompts, width, dim, dtype=trunks[0].prompt.dtype, device=dev)
-    prompt_mask = torch.zeros(n_prompts, width, dtype=torch.long, device=dev)
-    for i, t in enumerate(trunks):  # left padding, as tokenize_left_padded lays out the ids
-        prompt_h[i, width - t.prompt.shape[0]:] = t.prompt
-        prompt_mask[i, width - t.prompt.shape[0]:] = 1
+    P = 0
+    if share_prefix:
+        rows = [llm.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        if any(len(r) != t.prompt.shape[0] for r, t in zip(rows, trunks)):
+            raise ValueError("score: a trunk's prompt states do not match its prompt's tokens: the trunks belong "
+                             "to other rows")
+        P = common_prefix_length(rows)
+    width, dim = max(t.prompt.shape[0] for t in trunks) - P, trunks[0].prompt.shape[1]
+    suffix_h = torch.zeros(n_prompts, width, dim, dtype=trunks[0].prompt.dtype, device=dev)
+    suffix_mask = torch.zeros(n_prompts, width, dtype=torch.long, device=dev)
+    for i, t in enumerate(trunks):  # left padding, as split_prefix_left_padded lays out the ids
+        n = t.prompt.shape[0] - P
+        suffix_h[i, width - n:] = t.prompt[P:]
+        suffix_mask[i, width - n:] = 1
     flat = [c for cands in candidates for c in cands]
     cand_ids, cand_mask = _tokenize_candidates(llm.tokenizer, flat, dev)
-    cand_h = torch.zeros(len(flat), cand_ids.shape[1], dim, dtype=prompt_h.dtype, device=dev)
+    cand_h = torch.zeros(len(flat), cand_ids.shape[1], dim, dtype=suffix_h.dtype, device=dev)
     for j, h in enumerate(c for t in trunks for c in t.candidates):
         if h.shape[0] != int(cand_mask[j].sum()):
             raise ValueError(f"score: trunk of candidate {flat[j]!r} has {h.shape[0]} positions, its tokens "
                              f"{int(cand_mask[j].sum())}: the trunks belong to other rows")
         cand_h[j, : h.shape[0]] = h
-    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     with top_layers(model, start):
-        cache = DynamicCache()
-        out = model(inputs_embeds=prompt_h, attention_mask=prompt_mask, position_ids=prompt_pos,
-                    past_key_values=cache, use_cache=True, output_hidden_states=return_prompt_hidden,
-                    logits_to_keep=1)
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(n_cand)
-        lens = prompt_mask.sum(-1).repeat_interleave(n_cand)
-        cand_pos = lens[:, None] + torch.arange(cand_ids.shape[1], device=dev)[None]
-        full_mask = torch.cat([prompt_mask.repeat_interleave(n_cand, dim=0), cand_mask], dim=1)
-        cand_out = model(inputs_embeds=cand_h, attention_mask=full_mask, position_ids=cand_pos,
-                         past_key_values=cache, use_cache=True)
+        _, out, prompt_mask = _prompt_forward(model, {"inputs_embeds": trunks[0].prompt[None, :P]} if P else None,
+                                              {"inputs_embeds": suffix_h}, suffix_mask,
+                                              hidden=return_prompt_hidden)
+        cand_out = _candidate_forward(model, {"inputs_embeds": cand_h}, cand_mask, prompt_mask,
+                                      out.past_key_values, n_cand)
     hidden = out.hidden_states[-1][:, -1] if return_prompt_hidden else None
     return _candidate_scores(out.logits, cand_out.logits, cand_ids, cand_mask, n_prompts, n_cand, hidden)
 
