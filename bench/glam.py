@@ -51,7 +51,7 @@ REPEATS = 3  # runs of each default-setting measurement; the median is compared
 
 
 def naive_score_tensors(llm, prompts, candidates, *, return_prompt_hidden=False, trunks=None, trunk_start=None,
-                        share_prefix=False
+                        share_prefix=False, prefix_cache=None
                         ) -> ScoreOutput:
     """Reference scorer: every (prompt, candidate) pair is one full sequence; no cache (nor frozen trunk)."""
     assert trunks is None and trunk_start is None, "the naive run uses LoRA on every layer"

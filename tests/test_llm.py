@@ -116,6 +116,24 @@ def test_shared_prefix_gives_the_plain_scores_trunks_and_gradients():
     assert any(g.abs().sum() > 0 for g in plain_grads.values())
 
 
+def test_kept_prefix_passes_serve_later_batches(tiny_llm):
+    # GLAM's rollouts keep each batch's prefix pass (prefix_cache) while the weights stay fixed: a later batch
+    # whose rows start with it reuses it, also a single row, and scores as the plain pass does.
+    stem = PROMPTS[0]
+    first, later = [stem + " a b", stem + " c"], [stem + " turn left, then go forward", stem + " d"]
+    kept: dict = {}
+    with torch.no_grad():
+        score_tensors(tiny_llm, first, [ACTIONS] * 2, share_prefix=True, prefix_cache=kept)
+        assert len(kept) == 1 and len(next(iter(kept))) > 20
+        for rows in (later, later[:1]):
+            got = score_tensors(tiny_llm, rows, [ACTIONS] * len(rows), return_prompt_hidden=True,
+                                share_prefix=True, prefix_cache=kept)
+            plain = score_tensors(tiny_llm, rows, [ACTIONS] * len(rows), return_prompt_hidden=True)
+            torch.testing.assert_close(got.logprob, plain.logprob, rtol=0, atol=1e-4)
+            torch.testing.assert_close(got.prompt_hidden, plain.prompt_hidden, rtol=0, atol=1e-4)
+    assert len(kept) == 1  # reused, not recomputed
+
+
 def test_generate_seeded_and_stop_strings(tiny_llm):
     s = SamplingConfig(max_new_tokens=12, temperature=1.0, seed=7)
     a = generate(tiny_llm, ["hello", "the cat"], s)

@@ -30,6 +30,7 @@ __all__ = ["build_prompt", "render", "candidates_for", "History", "ActorOutput",
            "LLMBatchPolicy", "LLMPolicy", "build_agent", "save_agent", "load_agent"]
 
 SYSTEM = "You are an agent in a grid world. Reply with the next action."
+_PREFIXES = "prompt prefixes"  # infer's memo entry for the kept prefix passes (its other keys are tuples)
 
 
 def build_prompt(labels: dict[str, str], actions: tuple[str, ...] | list[str], goal: str,
@@ -119,9 +120,10 @@ class LLMActorCritic(nn.Module):
         return out.hidden_states[-1][:, -1]
 
     def forward(self, rendered: list[str], candidates: list[list[str]], *, trunks: list[Trunk] | None = None,
-                capture: bool = False) -> ActorOutput:
+                capture: bool = False, prefix_cache: dict | None = None) -> ActorOutput:
         """Logits and values; ``capture`` also returns each row's frozen-trunk states (needs ``trunk_start``),
-        and ``trunks`` (captured for these rows) runs only the layers above them."""
+        and ``trunks`` (captured for these rows) runs only the layers above them. ``prefix_cache``: prompt
+        prefixes kept across calls while the weights stay fixed (``llmrl.llm.score_tensors``)."""
         if capture and self.trunk_start is None:
             raise ValueError("LLMActorCritic: capture needs a frozen trunk (build the agent with lora_layers)")
         # Identical (prompt, candidates) rows are computed once: small levels repeat observations a lot, and
@@ -129,24 +131,25 @@ class LLMActorCritic(nn.Module):
         keys = [(r, tuple(c)) for r, c in zip(rendered, candidates)]
         unique = list(dict.fromkeys(keys))
         if len(unique) == len(keys):
-            return self._forward(rendered, candidates, trunks, capture)
+            return self._forward(rendered, candidates, trunks, capture, prefix_cache)
         where = {k: i for i, k in enumerate(unique)}
         first = {k: keys.index(k) for k in unique}
         out = self._forward([k[0] for k in unique], [list(k[1]) for k in unique],
-                            [trunks[first[k]] for k in unique] if trunks is not None else None, capture)
+                            [trunks[first[k]] for k in unique] if trunks is not None else None, capture, prefix_cache)
         rows = torch.tensor([where[k] for k in keys], device=out.logits.device)
         return ActorOutput(logits=out.logits[rows], values=out.values[rows],
                            trunks=[out.trunks[where[k]] for k in keys] if out.trunks is not None else None)
 
     def _forward(self, rendered: list[str], candidates: list[list[str]], trunks: list[Trunk] | None = None,
-                 capture: bool = False) -> ActorOutput:
+                 capture: bool = False, prefix_cache: dict | None = None) -> ActorOutput:
         if self.head == "npae":
             hidden = self._prompt_hidden(rendered).float()
             logits = self.action_head(hidden)
         else:
             # share_prefix: GLAM's prompts share their first half (system turn, actions, labels), computed once
             out = score_tensors(self.llm, rendered, candidates, return_prompt_hidden=True, trunks=trunks,
-                                trunk_start=self.trunk_start if capture else None, share_prefix=True)
+                                trunk_start=self.trunk_start if capture else None, share_prefix=True,
+                                prefix_cache=prefix_cache)
             hidden = out.prompt_hidden.float()
             # length_norm: per-token mean log-prob, so one-token actions are not favoured by length alone
             score = out.logprob / out.n_tokens.clamp(min=1) if self.length_norm else out.logprob
@@ -175,14 +178,16 @@ def infer(agent: LLMActorCritic, rendered: list[str], candidates: list[list[str]
     """No-grad logits [B, A] and values [B] on the CPU (and, with ``capture``, each row's frozen-trunk states).
 
     ``memo`` maps (prompt, candidates) to earlier results and is filled here, so each distinct prompt is
-    computed once; it is valid only while the agent's weights stay fixed (one rollout, one evaluation).
+    computed once, and keeps the prompts' shared prefixes' passes; it is valid only while the agent's weights
+    stay fixed (one rollout, one evaluation).
     """
     memo = {} if memo is None else memo
     keys = [(r, tuple(c)) for r, c in zip(rendered, candidates)]
     todo = list(dict.fromkeys(k for k in keys if k not in memo or (capture and memo[k][2] is None)))
     if todo:
         agent.eval()
-        out = agent([k[0] for k in todo], [list(k[1]) for k in todo], capture=capture)
+        out = agent([k[0] for k in todo], [list(k[1]) for k in todo], capture=capture,
+                    prefix_cache=memo.setdefault(_PREFIXES, {}))
         for i, k in enumerate(todo):
             memo[k] = (out.logits[i].float().cpu(), out.values[i].float().cpu(),
                        out.trunks[i] if capture else None)

@@ -66,11 +66,16 @@ def split_prefix(rows: Sequence[Sequence[int]], pad_id: int, device, max_prefix:
                        mask.to(device))
 
 
-def split_prefix_left_padded(rows: Sequence[Sequence[int]], pad_id: int, device, *, share: bool = True
-                             ) -> PrefixBatch:
+def split_prefix_left_padded(rows: Sequence[Sequence[int]], pad_id: int, device, *, share: bool = True,
+                             length: int | None = None) -> PrefixBatch:
     """Shared prefix and suffixes padded on the left, ``[prefix | pad | suffix]``, so that every row's last token
-    is the batch's last position; ``share=False`` keeps no prefix (plain left padding)."""
+    is the batch's last position; ``share=False`` keeps no prefix (plain left padding), ``length`` a prefix of
+    that many tokens (at most the rows' common prefix)."""
     p = common_prefix_length(rows) if share else 0
+    if length is not None:
+        if length > p:
+            raise ValueError(f"split_prefix_left_padded: a prefix of {length} tokens, the rows share {p}")
+        p = length
     width = max(len(r) for r in rows) - p
     suffix = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)

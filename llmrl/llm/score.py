@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import numpy as np
@@ -125,16 +126,30 @@ def _tokenize_candidates(tokenizer, candidates: Sequence[str], device) -> tuple[
     return input_ids.to(device), mask.to(device)
 
 
-def _prompt_forward(model, prefix: dict | None, suffix: dict, suffix_mask: torch.Tensor, *, hidden: bool):
+@dataclass
+class _PrefixState:
+    """A prefix pass kept for later batches: its KV cache (one row) and hidden states."""
+
+    cache: DynamicCache
+    hidden_states: tuple[torch.Tensor, ...] | None
+
+
+def _prompt_forward(model, prefix: dict | None, suffix: dict, suffix_mask: torch.Tensor, *, hidden: bool,
+                    stored: _PrefixState | None = None, keep: bool = False):
     """The prompts' pass, ``[prefix | pad | suffix]``: the shared prefix (``input_ids`` or ``inputs_embeds`` of one
-    row; None for none) once, its KV cache repeated over the rows, then every row's left-padded suffix on it.
-    Returns the prefix pass's output (or None), the suffix pass's (last position's logits only) and the attention
-    mask over both, [B, P + S]."""
+    row; None for none) once, or its ``stored`` pass, its KV cache repeated over the rows, then every row's
+    left-padded suffix on it. Returns the prefix pass (a ``_PrefixState``, kept intact with ``keep``, or None),
+    the suffix pass's output (last position's logits only) and the attention mask over both, [B, P + S]."""
     B = suffix_mask.shape[0]
-    cache, pre = DynamicCache(), None
-    if prefix is not None:
-        pre = model(**prefix, past_key_values=cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1)
-        cache = pre.past_key_values
+    cache, pre = DynamicCache(), stored
+    if stored is None and prefix is not None:
+        out = model(**prefix, past_key_values=cache, use_cache=True, output_hidden_states=hidden or keep,
+                    logits_to_keep=1)
+        pre = _PrefixState(copy.deepcopy(out.past_key_values) if keep else out.past_key_values, out.hidden_states)
+        cache = out.past_key_values
+    elif stored is not None:
+        cache = copy.deepcopy(stored.cache)  # the repeat below is in place
+    if pre is not None:
         cache.batch_repeat_interleave(B)
     P = cache.get_seq_length()
     mask = torch.cat([torch.ones((B, P), dtype=suffix_mask.dtype, device=suffix_mask.device), suffix_mask], dim=1)
@@ -168,6 +183,7 @@ def score_tensors(
     trunk_start: int | None = None,
     trunks: Sequence[Trunk] | None = None,
     share_prefix: bool = False,
+    prefix_cache: dict | None = None,
 ) -> ScoreOutput:
     """Summed log-probs of ``candidates[i][j]`` after rendered text ``prompts[i]``, one forward per prompt.
 
@@ -177,6 +193,8 @@ def score_tensors(
     layers below their ``start`` unchanged since) runs only the layers from there. ``share_prefix`` computes the
     prompts' longest common token prefix once (``llmrl.llm.prefix``): the same scores up to float rounding, for
     the cost of the rows' own suffixes (GLAM's prompts share their first half: system turn and action list).
+    ``prefix_cache`` (a dict the caller keeps, valid while the weights stay fixed, no grad) keeps those prefix
+    passes for later calls: a batch whose rows start with a kept prefix reuses it (the longest such).
     """
     if trunks is not None:
         return _score_from_trunks(llm, prompts, candidates, trunks, return_prompt_hidden, share_prefix)
@@ -193,11 +211,21 @@ def score_tensors(
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if any(len(x) == 0 for x in rows):
         raise ValueError("score: every prompt must tokenise to at least one token")
-    batch = split_prefix_left_padded(rows, tok.pad_token_id, dev, share=share_prefix)
     capture = trunk_start is not None
+    kept = None
+    if share_prefix and prefix_cache is not None:
+        common = common_prefix_length(rows)
+        kept = next((key for key in sorted(prefix_cache, key=len, reverse=True)
+                     if len(key) <= common and tuple(rows[0][:len(key)]) == key), None)
+    batch = split_prefix_left_padded(rows, tok.pad_token_id, dev, share=share_prefix,
+                                     length=len(kept) if kept is not None else None)
+    keep = prefix_cache is not None and kept is None and batch.P > 0 and n_prompts > 1  # one row's is its own
     pre, out, prompt_mask = _prompt_forward(model, {"input_ids": batch.prefix} if batch.P else None,
                                             {"input_ids": batch.suffix}, batch.suffix_mask,
-                                            hidden=return_prompt_hidden or capture)
+                                            hidden=return_prompt_hidden or capture,
+                                            stored=prefix_cache[kept] if kept is not None else None, keep=keep)
+    if keep:
+        prefix_cache[tuple(rows[0][:batch.P])] = pre
     hidden = out.hidden_states[-1][:, -1] if return_prompt_hidden else None
 
     flat = [c for cands in candidates for c in cands]
