@@ -11,6 +11,10 @@ One PPO update of ``llmrl.algos.ppo_llm.train`` on BabyAI-Text-GoToObjS4 with th
   candidate (one full prompt+candidate sequence per row, same token ids and padding, differentiable) where kv
   computes each prompt once and reuses its KV cache for the six candidates. Target: >= 2x.
 
+- "trunk" vs "trunk_whole": the prompts' common token prefix (system turn, action list: about half of GLAM's
+  prompt) computed once per batch and kept through a rollout (``score_tensors(share_prefix=True)``) vs every row's
+  whole prompt. No target: it measures what the default gains.
+
 - fp32 vs bf16 (issue 12, item 1): "trunk" and "kv" at the CPU default again with ``dtype="bfloat16"``, run on
   the CPU's own kernels (bf16 needs them; the stages pin AVX2, llmrl/kernels.py), where the CPU has native bf16.
 
@@ -40,7 +44,7 @@ keep_caches_under(ROOT / ".cache")
 pin_cpu_kernels()  # the stages' float path (stages/common.py)
 
 import llmrl.agents.llm_policy as llm_policy  # noqa: E402
-from llmrl.llm.score import ScoreOutput, tokenize_left_padded  # noqa: E402
+from llmrl.llm.score import ScoreOutput, score_tensors, tokenize_left_padded  # noqa: E402
 
 TARGET = 2.0  # kv over naive
 TRUNK_TARGET = 5.0  # trunk over kv
@@ -78,6 +82,11 @@ def naive_score_tensors(llm, prompts, candidates, *, return_prompt_hidden=False,
                        prompt_hidden=torch.stack(hidden) if return_prompt_hidden else None)
 
 
+def whole_prompt_score_tensors(llm, prompts, candidates, **kw) -> ScoreOutput:
+    """The scorer without the shared prompt prefix: every row's whole prompt is computed."""
+    return score_tensors(llm, prompts, candidates, **{**kw, "share_prefix": False, "prefix_cache": None})
+
+
 class _IdsTokenizer:
     """Lets the foundation's left-padding helper take ready token-id lists."""
 
@@ -104,7 +113,10 @@ def run_one(method: str, setting: str, model: str, dtype: str) -> dict:
     torch.set_num_threads(THREADS)
     if method == "naive":
         llm_policy.score_tensors = naive_score_tensors
-    agent = build_agent(model, "lora", seed=0, lora_layers=TRUNK_TOP if method == "trunk" else None, dtype=dtype)
+    if method == "trunk_whole":
+        llm_policy.score_tensors = whole_prompt_score_tensors
+    agent = build_agent(model, "lora", seed=0, lora_layers=TRUNK_TOP if method.startswith("trunk") else None,
+                        dtype=dtype)
     cfg = GlamPPO(**(DEFAULT if setting == "default" else SMALL))
     start = time.perf_counter()
     row = list(train(agent, lambda: make_env(ENV), cfg, history=1, seed=0, progress=False))[-1]
@@ -124,8 +136,8 @@ def main() -> None:
     model = str(ROOT / "models" / "base_llm") if (ROOT / "models" / "base_llm").is_dir() \
         else "embedded:smollm2-135m-instruct"
     results = {}
-    runs = [("trunk", "default", "float32"), ("kv", "default", "float32"), ("kv", "small", "float32"),
-            ("naive", "small", "float32")]
+    runs = [("trunk", "default", "float32"), ("trunk_whole", "default", "float32"), ("kv", "default", "float32"),
+            ("kv", "small", "float32"), ("naive", "small", "float32")]
     if cpu_supports_bf16():
         runs += [("trunk", "default", "bfloat16"), ("kv", "default", "bfloat16")]
     for method, setting, dtype in runs:
@@ -144,12 +156,15 @@ def main() -> None:
     ratio = results["kv_small"]["env_steps_per_s"] / results["naive_small"]["env_steps_per_s"]
     trunk_ratio = results["trunk_default"]["env_steps_per_s"] / results["kv_default"]["env_steps_per_s"]
     update_ratio = results["kv_default"]["update_s"] / results["trunk_default"]["update_s"]
+    trunk, whole = results["trunk_default"], results["trunk_whole_default"]
+    prefix = {"env_steps_per_s": trunk["env_steps_per_s"] / whole["env_steps_per_s"],
+              "collect": whole["collect_s"] / trunk["collect_s"], "update": whole["update_s"] / trunk["update_s"]}
     report = {
         "benchmark": "GLAM LLM-PPO env steps/s (collection + update): frozen trunk vs today's default path at GLAM's "
                      "CPU default; KV-cache scorer vs naive per-candidate at a small update",
         "model": model, "env_id": ENV, "trunk_top_layers": TRUNK_TOP, "runs": results,
         "trunk_ratio": trunk_ratio, "trunk_update_ratio": update_ratio, "trunk_target_ratio": TRUNK_TARGET,
-        "trunk_passed": trunk_ratio >= TRUNK_TARGET,
+        "trunk_passed": trunk_ratio >= TRUNK_TARGET, "shared_prefix_over_whole_prompts": prefix,
         "ratio": ratio, "target_ratio": TARGET, "passed": ratio >= TARGET,
         "bf16_over_fp32": ({m: results[f"{m}_default_bf16"]["env_steps_per_s"]
                             / results[f"{m}_default"]["env_steps_per_s"] for m in ("trunk", "kv")}
@@ -162,7 +177,8 @@ def main() -> None:
 
     write_json(ROOT / "bench" / "results" / "glam.json", report)
     print(f"trunk/kv {trunk_ratio:.2f} (target {TRUNK_TARGET}; update alone {update_ratio:.1f}x), kv/naive "
-          f"{ratio:.2f} (target {TARGET}) -> bench/results/glam.json")
+          f"{ratio:.2f} (target {TARGET}), shared prefix {prefix['env_steps_per_s']:.2f}x "
+          f"-> bench/results/glam.json")
 
 
 if __name__ == "__main__":

@@ -126,3 +126,24 @@ def test_every_tracked_result_file_is_a_declared_output():
     stray = [f for f in tracked if Path(f).name != ".gitignore" and f not in SCRIPT_RECORDS
              and not any(f == out or f.startswith(out + "/") for out in outs)]
     assert not stray, f"tracked in git but no stage's output (add it to the stage or to .gitignore): {stray}"
+
+
+def test_dvclive_summaries_no_stage_declares_are_outside_dvc_hashes():
+    """dvclive writes ``<dir>/metrics.json`` beside a stage's declared curves; where ``<dir>`` lies in a folder
+    another stage depends on (the report reads plots/glam/train), the file exists only in the workspace that ran
+    the training, and the folder's hash would differ from the one its run-cache entry records."""
+    from dvc.repo import Repo
+
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# dvclive's summaries"))
+    summaries = []
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        if not line.startswith("#"):
+            summaries.append(line.lstrip("/").replace("*", "lora-0"))
+    assert "plots/glam/train/lora-0/metrics.json" in summaries
+    with Repo(str(ROOT)) as repo:
+        kept = [s for s in summaries if not repo.dvcignore.is_ignored_file(str(ROOT / s))]
+        assert not kept, f"add to .dvcignore: {kept}"
+        assert not repo.dvcignore.is_ignored_file(str(ROOT / "plots/glam/train/lora-0/plots/metrics/entropy.tsv"))
