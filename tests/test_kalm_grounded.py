@@ -217,7 +217,7 @@ def test_grounded_policy_acts_in_the_real_env(tmp_path):
     policy = agent.policy(goal)
     rec, _ = run_episode(env, policy, 0, greedy=True)
     assert 1 <= rec.length <= 5
-    with pytest.raises(NotImplementedError, match="metaworld"):
+    with pytest.raises(LookupError, match="metaworld"):
         agent.policy(kl.goals("metaworld", "easy")[0])
 
 

@@ -65,6 +65,6 @@ class GroundedAgent:
 
     def policy(self, goal: kl.Goal, temperature: float = 1.0) -> GroundedPolicy:
         if goal.benchmark not in self.models:
-            raise NotImplementedError(f"no grounded model for benchmark {goal.benchmark!r} "
-                                      f"(have {sorted(self.models)})")
+            raise LookupError(f"no grounded model for benchmark {goal.benchmark!r} "
+                              f"(have {sorted(self.models)})")
         return GroundedPolicy(self.models[goal.benchmark], goal, temperature)
