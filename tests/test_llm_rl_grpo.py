@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from llmrl.agents.math_solver import build_messages
 from llmrl.algos.grpo import train
@@ -66,7 +67,7 @@ def test_shared_prefix_log_probs_equal_trls_own(tmp_path):
     assert cfg.share_prompt_prefix and not cfg.gradient_checkpointing
     run = build_trainer(llm, PROBLEMS[1:], PROBLEMS[:1], cfg, output_dir=tmp_path, record=[])
     trainer, tok = run.trainer, llm.tokenizer
-    assert type(trainer).__name__ == "SharedPrefixGRPOTrainer"
+    assert type(trainer).__name__ == "LLMRLGRPOTrainer"
     prompts = [tok.apply_chat_template(build_messages(p["problem"] + " Think." * i, PROBLEMS[:1]), tokenize=False,
                                        add_generation_prompt=True) for i, p in enumerate(PROBLEMS[1:4])]
     tok.padding_side = "left"
@@ -96,3 +97,24 @@ def test_shared_prefix_and_checkpointing_exclude_each_other():
 
     with pytest.raises(ValueError, match="share_prompt_prefix and gradient_checkpointing"):
         GRPOTrainParams(share_prompt_prefix=True, gradient_checkpointing=True)
+
+
+def test_seeded_row_sampler_draws_softmax_and_ignores_its_batch_companions():
+    from llmrl.algos.grpo import SeededRowSampler, completion_seed
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
+    rows = 4000
+    sampler = SeededRowSampler([torch.Generator().manual_seed(completion_seed(0, 0, i)) for i in range(rows)])
+    picks = sampler(None, logits.expand(rows, -1)).argmax(-1)
+    freq = torch.bincount(picks, minlength=5).float() / rows
+    assert freq[4] == 0  # a filtered token is never drawn
+    assert torch.allclose(freq, torch.softmax(logits, -1), atol=0.025)  # 4 sigma of the largest share's binomial
+    # row 7's draws depend on its seed alone, not on the rows beside it or their logits
+    alone = SeededRowSampler([torch.Generator().manual_seed(completion_seed(0, 0, 7))])
+    mixed = SeededRowSampler([torch.Generator().manual_seed(s) for s in (123, completion_seed(0, 0, 7), 5)])
+    other = torch.tensor([0.0, 5.0, 0.0, 0.0, 0.0])
+    for _ in range(5):
+        a = alone(None, logits[None])
+        b = mixed(None, torch.stack([other, logits, other]))
+        assert torch.equal(a[0], b[1])
+    assert completion_seed(0, 0, 7) != completion_seed(0, 1, 7) != completion_seed(1, 0, 7)

@@ -15,7 +15,9 @@ What this adds to TRL, and why:
 - The defaults that matter (``learning_rate``, ``loss_type``, ``beta``) are always passed explicitly.
 - TRL's ``train()`` returns only at the end; ``train`` turns its log calls into a stream of rows.
 - TRL runs each row's whole prompt through the model to score its completion; with ``share_prompt_prefix`` a
-  micro-batch's common prompt prefix runs once (``shared_prefix_grpo_trainer``).
+  micro-batch's common prompt prefix runs once (``grpo_trainer_class``).
+- TRL seeds each process apart and samples a batch from one stream; with ``per_completion_seeds`` each
+  completion has its own stream, so N processes sample, score and train on one process's completions.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from llmrl.config.grpo import GRPOTrainParams
 from llmrl.files import atomic_path
 from llmrl.llm.load import LLM, peft_lora_config, stable_adapter_names
 
-__all__ = ["RewardFunc", "completion_text", "prompt_token_count", "truncate_prompt", "recording", "GRPORun",
+__all__ = ["RewardFunc", "completion_text", "completion_seed", "SeededRowSampler", "grpo_trainer_class", "prompt_token_count", "truncate_prompt", "recording", "GRPORun",
            "build_grpo_trainer", "train", "gather_records", "save_adapter"]
 
 RewardFunc = Callable[..., list[float]]
@@ -137,20 +139,59 @@ class GRPORun:
     prompts: int
 
 
-def shared_prefix_grpo_trainer():
-    """``trl.GRPOTrainer`` scoring completions with the micro-batch's common prompt prefix computed once
-    (``llmrl.llm.prefix.completion_logprobs``). TRL runs every row's whole prompt through the model for the
-    old-policy and the training log-probs; a few-shot math prompt is ~3/4 shared, so that is most of its time
-    on CPU. Same log-probs and entropies as TRL's own (tested); text-only models (images take TRL's path)."""
+class SeededRowSampler:
+    """Logits processor that samples row i of a batch from its own seeded stream: argmax(log softmax(scores) +
+    Gumbel noise) is a draw from softmax(scores) (the Gumbel-max trick), and row i's noise comes from
+    ``generators[i]`` alone. Greedy decoding after it therefore samples each completion independently of which
+    rows share its batch or its process. (transformers draws every row from one global stream, and TRL gives
+    each process its own seed, so over N processes the completions differ from one process's.)"""
+
+    def __init__(self, generators: list[torch.Generator]):
+        self.generators = generators
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        uniform = torch.stack([torch.rand(scores.size(-1), generator=g) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform))  # rand is in [0, 1): a 0 gives -inf, never chosen
+        return torch.log_softmax(scores.float(), dim=-1) + gumbel.to(scores.device)
+
+
+def completion_seed(seed: int, generation_round: int, row: int) -> int:
+    """The sampling seed of completion ``row`` (its index in the round's batch over all processes)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, generation_round, row]).generate_state(1)[0])
+
+
+def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
+    """``trl.GRPOTrainer``, or a subclass with one or both of:
+
+    - ``share_prompt_prefix``: completions scored with the micro-batch's common prompt prefix computed once
+      (``llmrl.llm.prefix.completion_logprobs``). TRL runs every row's whole prompt through the model for the
+      old-policy and the training log-probs; a few-shot math prompt is ~3/4 shared, so that is most of its time
+      on CPU. Same log-probs and entropies as TRL's own (tested); text-only models (images take TRL's path).
+    - ``per_completion_seeds``: each completion sampled from its own stream, seeded by (``seed``, generation
+      round, its index in the round over all processes) (``SeededRowSampler``), so N processes sample the same
+      completions as one. TRL has no such option; this replaces its transformers ``generate`` path for text-only
+      models (TRL's own path otherwise) with the same sampling settings (temperature, top-k, top-p, min-p).
+    """
     from trl import GRPOTrainer
+
+    if not (share_prompt_prefix or per_completion_seeds):
+        return GRPOTrainer
+    from transformers import (GenerationConfig, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper,
+                              TopKLogitsWarper, TopPLogitsWarper)
+    from trl.models import unwrap_model_for_generation
+    from trl.trainer.utils import pad
 
     from llmrl.llm.prefix import completion_logprobs
 
-    class SharedPrefixGRPOTrainer(GRPOTrainer):
+    class LLMRLGRPOTrainer(GRPOTrainer):
+        _generation_rounds = 0
+
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                **vision):
-            if compute_aux_loss or any(v is not None for v in vision.values()):
+            if not share_prompt_prefix or compute_aux_loss or any(v is not None for v in vision.values()):
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **vision)
@@ -166,7 +207,46 @@ def shared_prefix_grpo_trainer():
                 entropies.append(ent)
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
-    return SharedPrefixGRPOTrainer
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
+                                  has_tool_images=False):
+            if (not per_completion_seeds or self.use_vllm or self.use_transformers_continuous_batching or images is not None
+                    or multimodal_fields):
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                     has_tool_images)
+            device = self.accelerator.device
+            first_row = self.accelerator.process_index * len(prompt_ids)  # TRL's process slice of the round
+            generators = [torch.Generator().manual_seed(completion_seed(self.args.seed, self._generation_rounds,
+                                                                        first_row + i))
+                          for i in range(len(prompt_ids))]
+            self._generation_rounds += 1
+            g = self.generation_config
+            warpers = [TemperatureLogitsWarper(g.temperature)] if g.temperature not in (None, 1.0) else []
+            warpers += [TopKLogitsWarper(g.top_k)] if g.top_k else []
+            warpers += [TopPLogitsWarper(g.top_p)] if g.top_p is not None and g.top_p < 1.0 else []
+            warpers += [MinPLogitsWarper(g.min_p)] if g.min_p is not None else []
+            greedy = GenerationConfig(**{**self.generation_kwargs, "do_sample": False, "temperature": None,
+                                         "top_p": None, "top_k": None, "min_p": None}, disable_compile=True)
+            prompts = [torch.tensor(ids) for ids in prompt_ids]
+            inputs = {
+                "input_ids": pad(prompts, padding_value=self._tokenizer.pad_token_id, padding_side="left",
+                                 pad_to_multiple_of=self.pad_to_multiple_of).to(device),
+                "attention_mask": pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left",
+                                      pad_to_multiple_of=self.pad_to_multiple_of).to(device)}
+            with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                              gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                              generation_kwargs=self.generation_kwargs,
+                                              gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+                  as unwrapped_model, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped,
+                                                                                       recurse=False)):
+                out = unwrapped_model.generate(**inputs, generation_config=greedy, logits_processor=LogitsProcessorList(
+                    [*warpers, SeededRowSampler(generators)]))
+            completions = out[:, inputs["input_ids"].size(1):].cpu()
+            # each completion up to and including its first EOS, as TRL cuts them
+            is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids))
+            ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), completions.size(1))
+            return [row[:end + 1].tolist() for row, end in zip(completions, ends.tolist())], None
+
+    return LLMRLGRPOTrainer
 
 
 _GRPO_CONFIG_NAMES = ("learning_rate", "loss_type", "beta", "num_iterations", "epsilon", "scale_rewards",
@@ -185,12 +265,13 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
 
     Over N processes (``accelerate launch``; TRL's trainer runs DDP itself) ``cfg.per_device_train_batch_size``
     stays the micro-batch of the whole run: each process takes 1/N of it, so every optimiser step and generation
-    round holds as many completions as with one process. Each process samples its own completions, so such a run
-    equals one process in its budget, not in its samples; the reward functions see their process's completions.
+    round holds as many completions as with one process. With ``cfg.per_completion_seeds`` (the default) they are
+    one process's completions too, and the run equals one process's up to float rounding (LoRA dropout 0); without
+    it each process samples its own. The reward functions see their process's completions.
     """
     from accelerate import PartialState
     from transformers import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     if llm.model.__class__.__name__.startswith("Peft"):
         raise ValueError("build_grpo_trainer: llm.model already carries a peft adapter; pass the plain model")
@@ -215,7 +296,7 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
         report_to="none",
         disable_tqdm=True,
     )
-    trainer_class = shared_prefix_grpo_trainer() if cfg.share_prompt_prefix else GRPOTrainer
+    trainer_class = grpo_trainer_class(cfg.share_prompt_prefix, cfg.per_completion_seeds)
     trainer = trainer_class(
         model=llm.model,
         reward_funcs=list(reward_funcs) if isinstance(reward_funcs, Sequence) else reward_funcs,

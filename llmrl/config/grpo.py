@@ -56,6 +56,10 @@ class GRPOTrainParams(Section):
     share_prompt_prefix: bool = Field(True, description="score completions with the micro-batch's common "
                                                         "prompt prefix computed once (same log-probs as TRL's; "
                                                         "incompatible with gradient_checkpointing)")
+    per_completion_seeds: bool = Field(True, description="sample each completion from its own stream, seeded by "
+                                                         "(seed, generation round, its index in the round), so "
+                                                         "N processes sample one process's completions "
+                                                         "(False: transformers' sampling, one stream per process)")
     lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter attached by TRL "
                                                                                 "(None: full fine-tune)")
 
