@@ -64,15 +64,6 @@ from prefect.task_runners import ThreadPoolTaskRunner
 ROOT = Path(__file__).resolve().parents[1]
 GPU_LIMIT = "gpu"
 _workspace_lock = threading.Lock()  # DVC's repository lock admits one repro per workspace
-# dvc.lock of each workspace as the last DVC command run in it under _workspace_lock left it (DVC rewrites the file in
-# place, so a copy taken while a restore runs could be torn): clones start from it without waiting for that lock.
-_lock_snapshots: dict[str, str | None] = {}
-
-
-def _snapshot_dvc_lock(root: str | Path) -> None:
-    """Record ``root``'s dvc.lock (None: no such file); call with ``_workspace_lock`` held."""
-    lock = Path(root) / "dvc.lock"
-    _lock_snapshots[str(Path(root))] = lock.read_text() if lock.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -338,11 +329,8 @@ def _cache_dir(root: Path) -> str:
         return repo.cache.local_cache_dir  # .dvc/cache, or the folder `dvc cache dir` set
 
 
-def sync_clone(root: Path, clone: Path, remote: str | None = None, snapshot: bool = False) -> None:
-    """Make ``clone`` a copy of ``root``'s files as git sees them (edits and new files included); with
-    ``snapshot``, its dvc.lock is the one ``_snapshot_dvc_lock`` last recorded, so the copy needs no pause of the
-    DVC commands running in ``root`` (their other files are a stage's own outputs, which a stage started now
-    does not depend on: its upstream stages are done).
+def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
+    """Make ``clone`` a copy of ``root``'s files as git sees them (edits and new files included).
 
     DVC outputs are not copied: they come from the shared cache or the remote when a stage needs them.
     """
@@ -350,16 +338,7 @@ def sync_clone(root: Path, clone: Path, remote: str | None = None, snapshot: boo
         clone.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "clone", "-q", "--shared", str(root), str(clone)], check=True, capture_output=True)
     wanted = {p for p in _git_files(root) if (root / p).is_file()}
-    if snapshot:
-        text = _lock_snapshots[str(Path(root))]
-        wanted.discard("dvc.lock")
-        if text is None:
-            (clone / "dvc.lock").unlink(missing_ok=True)
-        elif not (clone / "dvc.lock").is_file() or (clone / "dvc.lock").read_text() != text:
-            tmp = clone / "dvc.lock.sync-tmp"
-            tmp.write_text(text)
-            os.replace(tmp, clone / "dvc.lock")
-    for rel in _git_files(clone) - wanted - ({"dvc.lock"} if snapshot else set()):
+    for rel in _git_files(clone) - wanted:
         (clone / rel).unlink(missing_ok=True)
     for rel in wanted:
         src, dst = root / rel, clone / rel
@@ -483,18 +462,14 @@ def _restore(name: str, root: str, remote: str | None, env: dict[str, str], wher
                 return "cached"
             adopt_lock_entry(Path(root), clone, name)
             _dvc(["pull" if remote else "checkout", "--force", name], root, env)
-            _snapshot_dvc_lock(root)
             if "up to date" not in _dvc(["status", name], root, env):
                 raise RuntimeError(f"stage {name} ran in {where}, but this workspace is not up to date with the "
                                    "dvc.lock entry taken from there")
         return "ran"
     with _workspace_lock:
-        try:
-            if ran:
-                forget_recorded_outs(Path(root), name)
-            restored = _dvc(["repro", "--single-item", *(["--pull"] if remote else []), name], root, env)
-        finally:
-            _snapshot_dvc_lock(root)
+        if ran:
+            forget_recorded_outs(Path(root), name)
+        restored = _dvc(["repro", "--single-item", *(["--pull"] if remote else []), name], root, env)
     if "is cached - skipping run" in restored:
         return "ran"
     if "didn't change, skipping" in restored:
@@ -529,7 +504,8 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
             clone = clones.get()
             with _gpu(gpu, free_gpus, env) as held:
                 started = time.monotonic()
-                sync_clone(Path(root), clone, remote, snapshot=True)  # not waiting for a restore to finish
+                with _workspace_lock:  # a consistent snapshot: no restore writes dvc.lock meanwhile
+                    sync_clone(Path(root), clone, remote)
                 log.info("dvc repro --single-item %s in %s%s", name, clone.name,
                          f" on GPU {held}" if held is not None else "")
                 out = _run_in_clone(clone, name, upstream, remote, env, run_cacheable, log)
@@ -724,8 +700,6 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
         raise ValueError("pool needs remote: flow runs on other machines exchange data through a DVC remote")
     nodes = read_dag(Path(root), stages)
     free_gpus = _gpu_slots(nodes, gpus)
-    with _workspace_lock:
-        _snapshot_dvc_lock(root)
     if pool:
         remote_url = remote_url or _remote_url(Path(root), remote)
     futures = {}
