@@ -35,8 +35,9 @@ from llmrl.config.grpo import GRPOTrainParams
 from llmrl.files import atomic_path
 from llmrl.llm.load import LLM, peft_lora_config, stable_adapter_names
 
-__all__ = ["RewardFunc", "completion_text", "completion_seed", "SeededRowSampler", "grpo_trainer_class", "prompt_token_count", "truncate_prompt", "recording", "GRPORun",
-           "build_grpo_trainer", "train", "gather_records", "save_adapter"]
+__all__ = ["RewardFunc", "completion_text", "completion_seed", "SeededRowSampler", "grpo_trainer_class",
+           "prompt_token_count", "truncate_prompt", "recording", "GRPORun", "build_grpo_trainer", "train",
+           "gather_records", "save_adapter"]
 
 RewardFunc = Callable[..., list[float]]
 
@@ -186,7 +187,7 @@ def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
     from llmrl.llm.prefix import completion_logprobs
 
     class LLMRLGRPOTrainer(GRPOTrainer):
-        _generation_rounds = 0
+        _generation_rounds = 0  # generation calls so far, the same count on every process
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
@@ -209,8 +210,8 @@ def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
 
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
                                   has_tool_images=False):
-            if (not per_completion_seeds or self.use_vllm or self.use_transformers_continuous_batching or images is not None
-                    or multimodal_fields):
+            if (not per_completion_seeds or self.use_vllm or self.use_transformers_continuous_batching
+                    or images is not None or multimodal_fields):
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                      has_tool_images)
             device = self.accelerator.device
@@ -238,8 +239,8 @@ def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
                                               gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
                   as unwrapped_model, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped,
                                                                                        recurse=False)):
-                out = unwrapped_model.generate(**inputs, generation_config=greedy, logits_processor=LogitsProcessorList(
-                    [*warpers, SeededRowSampler(generators)]))
+                sampler = LogitsProcessorList([*warpers, SeededRowSampler(generators)])
+                out = unwrapped_model.generate(**inputs, generation_config=greedy, logits_processor=sampler)
             completions = out[:, inputs["input_ids"].size(1):].cpu()
             # each completion up to and including its first EOS, as TRL cuts them
             is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids))
