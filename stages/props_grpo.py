@@ -1,8 +1,10 @@
 """Stage props_grpo: GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM on scored MountainCarContinuous points.
 
-Reads ``props.space`` (the one parameter range) and ``props.grpo``. Writes the LoRA adapter ``models/props/grpo``
-(byte-stable), ``data/props/grpo/`` (every scored vector with its split, seeds and returns; every sampled
-completion with its four rewards; the rendered first prompt), ``metrics/props/grpo.json`` and dvclive curves under
+Reads ``props.space`` (the one parameter range) and ``props.grpo``; the completions continue the assistant turn
+opened with ``props.grpo.answer_prefix`` (the search's opening at the CPU default). Writes the LoRA adapter
+``models/props/grpo`` (byte-stable), ``data/props/grpo/`` (every scored vector with its split, seeds and returns;
+every sampled completion with its prefix and four rewards; the rendered first prompt), ``metrics/props/grpo.json``
+(rewards, the share of replies the search's parser accepts at the first and last step) and dvclive curves under
 ``plots/props/grpo``.
 
 Several devices: ``accelerate launch --multi_gpu --num_processes N stages/props_grpo.py`` runs TRL's GRPO with DDP:
@@ -26,14 +28,15 @@ import torch
 from datasets import Dataset
 
 from llmrl.algos.grpo import build_grpo_trainer, gather_records, recording, save_adapter, train
-from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, sample_scored_vectors, \
-    split_indices
-from llmrl.algos.props_prompts import PromptSettings
+from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, open_prompts, reply_texts, \
+    sample_scored_vectors, split_indices
+from llmrl.algos.props_prompts import PromptSettings, parse_reply
 from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
 from llmrl.envs.control import get_task
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import write_json, write_text
 from llmrl.llm import load_model
+from llmrl.llm.load import render_chat
 from llmrl.seeding import seed_everything
 
 OUT = paths.props_grpo()
@@ -61,7 +64,8 @@ def main() -> None:
                               optimum=task.optimum if p.optimum_hint else None, episodes=p.episodes)
     rollout_seed_base = (p.seed + 1) * 1_000_000_000  # reward rollouts never reuse a scoring episode's seed
     records = {split: build_records(task, data, idx, settings, iteration=p.iteration,
-                                    total_iterations=p.total_iterations, rollout_seed_base=rollout_seed_base)
+                                    total_iterations=p.total_iterations, rollout_seed_base=rollout_seed_base,
+                                    answer_prefix=p.answer_prefix)
                for split, idx in (("train", train_idx), ("test", test_idx))}
     data_s = time.perf_counter() - t0
     log.info("%d vectors scored over %d episodes in %.1f s (mean return %.2f); %d train / %d test prompts",
@@ -77,6 +81,8 @@ def main() -> None:
     spec = model_spec(p.model)
     llm = load_model(spec, device=str(state.device) if state is not None else p.device,
                      dtype=p.dtype)  # plain: TRL attaches the adapter
+    opened = {split: open_prompts(recs, llm.tokenizer, p.trainer.max_prompt_tokens) for split, recs in records.items()}
+    records = {split: recs for split, (recs, _) in opened.items()}
     n_params = len(records["train"][0]["old_params"])
     rewards = make_reward_funcs(RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
                                                return_floor=p.return_floor, return_span=p.return_span,
@@ -88,7 +94,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix=".props_grpo_trl.", dir=ADAPTER.parent) as trl_dir, \
             open_live(PLOTS) if main_process else contextlib.nullcontext() as live:
         run = build_grpo_trainer(llm, Dataset.from_list(records["train"]),
-                                 recording(rewards, completions, keys=("id",)), p.trainer, trl_dir)
+                                 recording(rewards, completions, keys=("id", "answer_prefix")), p.trainer, trl_dir)
         for row in train(run):
             rows.append(row)
             if not main_process:
@@ -114,19 +120,33 @@ def main() -> None:
     write_text(DATA / "vectors.jsonl", jsonl(vectors))
     write_text(DATA / "completions.jsonl", jsonl(completions))
     write_text(DATA / "test_prompts.jsonl", jsonl(records["test"]))
-    write_text(DATA / "prompt_example.txt", llm.tokenizer.apply_chat_template(
-        records["train"][0]["prompt"], tokenize=False, add_generation_prompt=True))
+    first = records["train"][0]["prompt"]
+    write_text(DATA / "prompt_example.txt", first if isinstance(first, str) else render_chat(llm.tokenizer, first))
 
     def first_last(key: str) -> list[float | None]:
         values = [r[key] for r in rows if key in r]
         return [values[0], values[-1]] if values else [None, None]
+
+    # The search's acceptance of each whole reply (prefix + completion) by its strict parser: 1 - its parse failures.
+    shown = {i: data.params[i] for i in range(p.vectors)}
+    accepted = [float(parse_reply(text, n_params, space.low, space.high, current=shown[c["id"]]).ok)
+                for c, text in zip(completions, reply_texts([c["completion"] for c in completions],
+                                                            [c["answer_prefix"] for c in completions]))]
+    steps = sorted({c["step"] for c in completions})
+
+    def accepted_at(step) -> float:
+        at = [a for a, c in zip(accepted, completions) if c["step"] == step]
+        return round(sum(at) / len(at), 4)
 
     metrics = {
         "steps": len(rows),
         "completions": len(completions),
         "train_prompts": len(train_idx),
         "test_prompts": len(test_idx),
-        "truncated_prompts": run.truncated_prompts,
+        "truncated_prompts": run.truncated_prompts + opened["train"][1],
+        "answer_prefix": p.answer_prefix,
+        "accepted_rate_first_last": [accepted_at(steps[0]), accepted_at(steps[-1])] if steps else [None, None],
+        "accepted_rate_all": round(sum(accepted) / len(accepted), 4) if accepted else None,
         "reward_mean_first_last": first_last("reward_mean"),
         "format_hard_rate_first_last": first_last("reward_format_hard"),
         "format_hard_rate_all": (sum(c["reward_format_hard"] for c in completions) / len(completions)
@@ -137,9 +157,10 @@ def main() -> None:
         "env": fingerprint_line(),
     }
     write_json(METRICS, metrics)
-    log.info("props_grpo: %d steps, %d completions in %.0f s (train %.0f s); format-hard %s; reward %s",
-             metrics["steps"], metrics["completions"], metrics["seconds"], train_s,
-             metrics["format_hard_rate_first_last"], metrics["reward_mean_first_last"])
+    log.info("props_grpo: %d steps, %d completions in %.0f s (train %.0f s); accepted by the parser %s; "
+             "format-hard %s; reward %s", metrics["steps"], metrics["completions"], metrics["seconds"], train_s,
+             metrics["accepted_rate_first_last"], metrics["format_hard_rate_first_last"],
+             metrics["reward_mean_first_last"])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""ProPS GRPO: the four rewards on hand-made replies, the data set, prompt truncation to the token budget, a GRPO
-update on the tiny model that changes every LoRA weight and nothing frozen, and a byte-stable adapter."""
+"""ProPS GRPO: the four rewards on hand-made replies (with and without an answer prefix), the data set, prompt
+truncation to the token budget, prompts opened with the answer prefix, a GRPO update on the tiny model that changes
+every LoRA weight and nothing frozen (chat and opened prompts), and a byte-stable adapter."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from llmrl.agents.linear_policy import evaluate_params
 from llmrl.algos.grpo import build_grpo_trainer, prompt_token_count, recording, save_adapter, train, \
     truncate_prompt
 from llmrl.algos.props_grpo import RewardSettings, build_records, format_hard, format_soft, improvement_reward, \
-    make_reward_funcs, policy_reward, sample_scored_vectors, split_indices
+    make_reward_funcs, open_prompt, open_prompts, policy_reward, sample_scored_vectors, split_indices
 from llmrl.algos.props_prompts import PromptSettings, parse_reply
 from llmrl.config import ParamsError, load_section
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.config.props import PropsGRPOParams
 from llmrl.envs.control import get_task
 from llmrl.llm import LoraSettings, load_model
+from llmrl.llm.load import render_chat
 
 TASK = get_task("mountaincar_continuous")
 S = RewardSettings(task=TASK, n_params=3, low=-6.0, high=6.0, return_floor=-200.0, return_span=300.0)
@@ -93,6 +95,23 @@ def test_improvement_uses_each_examples_own_r_old_and_keeps_the_sign():
                               settings=S) == [0.0]
 
 
+def test_rewards_read_the_answer_prefix_with_the_completion():
+    whole = "params[0]: 0; params[1]: 6; params[2]: 0"
+    rest = whole.removeprefix("params[0]:")
+    kw = dict(old_params=[OLD], rollout_seed=[SEED])
+    assert policy_reward(completions=[rest], answer_prefix=["params[0]:"], settings=S, **kw) == \
+        policy_reward(completions=[whole], settings=S, **kw) != [0.0]
+    assert policy_reward(completions=[rest], settings=S, **kw) == [0.0]  # the completion alone is no whole reply
+    assert improvement_reward(completions=[rest], answer_prefix=["params[0]:"], r_old=[-50.0], settings=S, **kw) == \
+        improvement_reward(completions=[whole], r_old=[-50.0], settings=S, **kw)
+    think = reply(whole)
+    assert format_soft(completions=[think[7:]], answer_prefix=[think[:7]]) == [1.0]
+    assert format_soft(completions=[think[7:]]) == [0.0]
+    assert format_hard(completions=[think[7:]], answer_prefix=[think[:7]], old_params=[OLD], settings=S) == [1.0]
+    # an answer prefix that opens the answer leaves no room for a think block before it
+    assert format_hard(completions=[rest], answer_prefix=["params[0]:"], old_params=[OLD], settings=S) == [0.0]
+
+
 def test_bound_reward_funcs_are_named_for_trl():
     assert [f.__name__ for f in make_reward_funcs(S)] == ["format_soft", "format_hard", "policy", "improvement"]
 
@@ -142,16 +161,40 @@ def test_prompt_truncated_to_the_token_budget_keeps_template_and_the_end(tiny_ll
     assert max(prompt_token_count(tok, p) for p in run.trainer.train_dataset["prompt"]) <= n - 100
 
 
+def test_open_prompt_continues_the_assistant_turn_within_the_budget(tiny_llm):
+    tok = tiny_llm.tokenizer
+    chat = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": " ".join(f"w{i}" for i in range(200)) + " Now answer."}]
+    assert open_prompt(tok, chat, "", 10) == (chat, False)  # no prefix: the trainer templates and cuts the chat
+    text, cut = open_prompt(tok, chat, "params[0]:", None)
+    assert not cut and text == render_chat(tok, chat) + "params[0]:"  # the search's rendering of its prefix
+    n = prompt_token_count(tok, text)
+    short, cut = open_prompt(tok, chat, "params[0]:", n - 100)
+    assert cut and prompt_token_count(tok, short) <= n - 100 and short.endswith("params[0]:")
+    assert short.startswith(render_chat(tok, chat[:1] + [{"role": "user", "content": "x"}]).split("x")[0])
+    assert short.endswith(text[text.index("Now answer."):])  # the end of the user turn and the opened answer stay
+    assert "Be brief." in short and "w0 " not in short
+    with pytest.raises(ValueError, match="max_prompt_tokens=5 leaves no room"):
+        open_prompt(tok, chat, "params[0]:", 5)
+    records, n_cut = open_prompts([{"prompt": chat, "answer_prefix": "params[0]:", "id": 1},
+                                   {"prompt": chat, "answer_prefix": "", "id": 2}], tok, n - 100)
+    assert n_cut == 1 and records[0]["prompt"] == short and records[1]["prompt"] == chat and records[0]["id"] == 1
+
+
 def _length_reward(completions, **_):
     """Varies within a group even for the random tiny model, so advantages are non-zero."""
     return [len(c if isinstance(c, str) else c[-1]["content"]) / 10 for c in completions]
 
 
-def test_grpo_update_changes_every_lora_weight_and_nothing_frozen(tmp_path):
+@pytest.mark.parametrize("answer_prefix", ["", "params[0]:"])
+def test_grpo_update_changes_every_lora_weight_and_nothing_frozen(tmp_path, answer_prefix):
     llm = load_model("tiny")
     data = sample_scored_vectors(TASK, 4, 1, low=-6, high=6, decimals=1, seed=0)
     settings = PromptSettings(low=-6, high=6, decimals=1, step_size=0.5, optimum=100.0, episodes=1)
-    records = build_records(TASK, data, range(4), settings, iteration=1, total_iterations=30, rollout_seed_base=9)
+    records = build_records(TASK, data, range(4), settings, iteration=1, total_iterations=30, rollout_seed_base=9,
+                            answer_prefix=answer_prefix)
+    records, _ = open_prompts(records, llm.tokenizer, 512)
+    assert all(isinstance(r["prompt"], str) == bool(answer_prefix) for r in records)
     record: list[dict] = []
     funcs = recording([*make_reward_funcs(S), _length_reward], record, keys=("id",))
     # Two optimiser steps: LoRA's B starts at zero, so A gets no gradient before B has moved once.

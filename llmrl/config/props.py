@@ -170,6 +170,10 @@ class PropsGRPOParams(Section):
                                                             "as the search; the original's GRPO prompt: 1.0)")
     iteration: int = Field(1, gt=0, description="iteration number the prompt states (the original: 1)")
     total_iterations: int = Field(30, gt=0, description="iteration count the prompt states (the original: 400)")
+    answer_prefix: str = Field("", description="text that opens the assistant turn the completions continue, as "
+                                               "props.llm.answer_prefix opens the search's ('': the model writes "
+                                               "the whole reply, the original's <think> format); the rewards read "
+                                               "it with the completion")
     return_floor: float = Field(-200.0, description="return mapped to policy reward 0 (original: -200 on "
                                                     "MountainCarContinuous)")
     return_span: float = Field(300.0, gt=0, description="returns >= return_floor + return_span map to 1; also "
