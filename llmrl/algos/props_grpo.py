@@ -46,8 +46,9 @@ from llmrl.algos.props_prompts import PromptSettings, format_example, parse_repl
 from llmrl.envs.control import ControlTask
 from llmrl.llm.load import render_chat
 
-__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "open_prompts", "RewardSettings",
-           "format_soft", "format_hard", "policy_reward", "improvement_reward", "make_reward_funcs"]
+__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "open_prompt", "open_prompts",
+           "RewardSettings", "reply_texts", "format_soft", "format_hard", "policy_reward", "improvement_reward",
+           "make_reward_funcs"]
 
 SYSTEM_PROMPT = (
     "You are a numerical optimizer. First reason step by step inside <think> and </think>. "
