@@ -28,9 +28,9 @@ import torch
 from datasets import Dataset
 
 from llmrl.algos.grpo import build_grpo_trainer, gather_records, recording, save_adapter, train
-from llmrl.algos.props_grpo import RewardSettings, build_records, make_reward_funcs, open_prompts, reply_texts, \
+from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, make_reward_funcs, open_prompts, \
     sample_scored_vectors, split_indices
-from llmrl.algos.props_prompts import PromptSettings, parse_reply
+from llmrl.algos.props_prompts import PromptSettings
 from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
 from llmrl.envs.control import get_task
 from llmrl.fingerprint import fingerprint_line
@@ -84,9 +84,10 @@ def main() -> None:
     opened = {split: open_prompts(recs, llm.tokenizer, p.trainer.max_prompt_tokens) for split, recs in records.items()}
     records = {split: recs for split, (recs, _) in opened.items()}
     n_params = len(records["train"][0]["old_params"])
-    rewards = make_reward_funcs(RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
-                                               return_floor=p.return_floor, return_span=p.return_span,
-                                               max_episode_steps=p.max_episode_steps))
+    reward_settings = RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
+                                     return_floor=p.return_floor, return_span=p.return_span,
+                                     max_episode_steps=p.max_episode_steps)
+    rewards = make_reward_funcs(reward_settings)
     completions: list[dict] = []
     rows: list[dict] = []
     ADAPTER.parent.mkdir(parents=True, exist_ok=True)
@@ -128,10 +129,9 @@ def main() -> None:
         return [values[0], values[-1]] if values else [None, None]
 
     # The search's acceptance of each whole reply (prefix + completion) by its strict parser: 1 - its parse failures.
-    shown = {i: data.params[i] for i in range(p.vectors)}
-    accepted = [float(parse_reply(text, n_params, space.low, space.high, current=shown[c["id"]]).ok)
-                for c, text in zip(completions, reply_texts([c["completion"] for c in completions],
-                                                            [c["answer_prefix"] for c in completions]))]
+    accepted = accepted_replies([c["completion"] for c in completions],
+                                [data.params[c["id"]].tolist() for c in completions],
+                                [c["answer_prefix"] for c in completions], settings=reward_settings)
     steps = sorted({c["step"] for c in completions})
 
     def accepted_at(step) -> float:

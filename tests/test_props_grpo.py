@@ -14,8 +14,9 @@ from datasets import Dataset
 from llmrl.agents.linear_policy import evaluate_params
 from llmrl.algos.grpo import build_grpo_trainer, prompt_token_count, recording, save_adapter, train, \
     truncate_prompt
-from llmrl.algos.props_grpo import RewardSettings, build_records, format_hard, format_soft, improvement_reward, \
-    make_reward_funcs, open_prompt, open_prompts, policy_reward, sample_scored_vectors, split_indices
+from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, format_hard, format_soft, \
+    improvement_reward, make_reward_funcs, open_prompt, open_prompts, policy_reward, sample_scored_vectors, \
+    split_indices
 from llmrl.algos.props_prompts import PromptSettings, parse_reply
 from llmrl.config import ParamsError, load_section
 from llmrl.config.grpo import GRPOTrainParams
@@ -110,6 +111,11 @@ def test_rewards_read_the_answer_prefix_with_the_completion():
     assert format_hard(completions=[think[7:]], answer_prefix=[think[:7]], old_params=[OLD], settings=S) == [1.0]
     # an answer prefix that opens the answer leaves no room for a think block before it
     assert format_hard(completions=[rest], answer_prefix=["params[0]:"], old_params=[OLD], settings=S) == [0.0]
+    # the search's acceptance: the whole reply as the search parses it, think block or not; junk and the shown point
+    # are rejected
+    replies = [rest, whole, think, "junk", "params[0]: 1; params[1]: -2; params[2]: 0.5"]
+    assert accepted_replies(replies, [OLD] * 5, ["params[0]:", "", "", "", ""], settings=S) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert accepted_replies([rest], [OLD], settings=S) == [0.0]
 
 
 def test_bound_reward_funcs_are_named_for_trl():

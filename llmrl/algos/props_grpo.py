@@ -47,8 +47,8 @@ from llmrl.envs.control import ControlTask
 from llmrl.llm.load import render_chat
 
 __all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "open_prompt", "open_prompts",
-           "RewardSettings", "reply_texts", "format_soft", "format_hard", "policy_reward", "improvement_reward",
-           "make_reward_funcs"]
+           "RewardSettings", "reply_texts", "accepted_replies", "format_soft", "format_hard", "policy_reward",
+           "improvement_reward", "make_reward_funcs"]
 
 SYSTEM_PROMPT = (
     "You are a numerical optimizer. First reason step by step inside <think> and </think>. "
@@ -205,6 +205,13 @@ def _accepted(text: str, old_params, s: RewardSettings, *, need_think: bool) -> 
             return None
     parsed = parse_reply(text, s.n_params, s.low, s.high, current=old_params)
     return parsed.params if parsed.ok else None
+
+
+def accepted_replies(completions, old_params, answer_prefix=None, *, settings: RewardSettings) -> list[float]:
+    """1.0 where the search's parser accepts the whole reply, no think block needed: the replies the search would
+    not re-ask (not a reward; ``props_grpo`` records its rate per step)."""
+    return [float(_accepted(t, o, settings, need_think=False) is not None)
+            for t, o in zip(reply_texts(completions, answer_prefix), old_params)]
 
 
 def format_hard(completions, old_params, answer_prefix=None, *, settings: RewardSettings, **_) -> list[float]:
