@@ -28,7 +28,7 @@ import torch
 from datasets import Dataset
 
 from llmrl.algos.grpo import build_grpo_trainer, gather_records, recording, save_adapter, train
-from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, make_reward_funcs, open_prompts, \
+from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, make_reward_funcs, \
     sample_scored_vectors, split_indices
 from llmrl.algos.props_prompts import PromptSettings
 from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
@@ -81,8 +81,6 @@ def main() -> None:
     spec = model_spec(p.model)
     llm = load_model(spec, device=str(state.device) if state is not None else p.device,
                      dtype=p.dtype)  # plain: TRL attaches the adapter
-    opened = {split: open_prompts(recs, llm.tokenizer, p.trainer.max_prompt_tokens) for split, recs in records.items()}
-    records = {split: recs for split, (recs, _) in opened.items()}
     n_params = len(records["train"][0]["old_params"])
     reward_settings = RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
                                      return_floor=p.return_floor, return_span=p.return_span,
@@ -121,8 +119,7 @@ def main() -> None:
     write_text(DATA / "vectors.jsonl", jsonl(vectors))
     write_text(DATA / "completions.jsonl", jsonl(completions))
     write_text(DATA / "test_prompts.jsonl", jsonl(records["test"]))
-    first = records["train"][0]["prompt"]
-    write_text(DATA / "prompt_example.txt", first if isinstance(first, str) else render_chat(llm.tokenizer, first))
+    write_text(DATA / "prompt_example.txt", render_chat(llm.tokenizer, records["train"][0]["prompt"]))
 
     def first_last(key: str) -> list[float | None]:
         values = [r[key] for r in rows if key in r]
@@ -143,7 +140,7 @@ def main() -> None:
         "completions": len(completions),
         "train_prompts": len(train_idx),
         "test_prompts": len(test_idx),
-        "truncated_prompts": run.truncated_prompts + opened["train"][1],
+        "truncated_prompts": run.truncated_prompts,
         "answer_prefix": p.answer_prefix,
         "accepted_rate_first_last": [accepted_at(steps[0]), accepted_at(steps[-1])] if steps else [None, None],
         "accepted_rate_all": round(sum(accepted) / len(accepted), 4) if accepted else None,

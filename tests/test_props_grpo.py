@@ -12,11 +12,10 @@ import torch
 from datasets import Dataset
 
 from llmrl.agents.linear_policy import evaluate_params
-from llmrl.algos.grpo import build_grpo_trainer, prompt_token_count, recording, save_adapter, train, \
+from llmrl.algos.grpo import build_grpo_trainer, opens_answer, prompt_token_count, recording, save_adapter, train, \
     truncate_prompt
 from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, format_hard, format_soft, \
-    improvement_reward, make_reward_funcs, open_prompt, open_prompts, policy_reward, sample_scored_vectors, \
-    split_indices
+    improvement_reward, make_reward_funcs, policy_reward, sample_scored_vectors, split_indices
 from llmrl.algos.props_prompts import PromptSettings, parse_reply
 from llmrl.config import ParamsError, load_section
 from llmrl.config.grpo import GRPOTrainParams
@@ -167,24 +166,34 @@ def test_prompt_truncated_to_the_token_budget_keeps_template_and_the_end(tiny_ll
     assert max(prompt_token_count(tok, p) for p in run.trainer.train_dataset["prompt"]) <= n - 100
 
 
-def test_open_prompt_continues_the_assistant_turn_within_the_budget(tiny_llm):
+def test_a_chat_that_opens_the_answer_is_continued_and_cut_before_the_opening(tiny_llm):
     tok = tiny_llm.tokenizer
     chat = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": " ".join(f"w{i}" for i in range(200)) + " Now answer."}]
-    assert open_prompt(tok, chat, "", 10) == (chat, False)  # no prefix: the trainer templates and cuts the chat
-    text, cut = open_prompt(tok, chat, "params[0]:", None)
-    assert not cut and text == render_chat(tok, chat) + "params[0]:"  # the search's rendering of its prefix
-    n = prompt_token_count(tok, text)
-    short, cut = open_prompt(tok, chat, "params[0]:", n - 100)
+    opened = chat + [{"role": "assistant", "content": "params[0]:"}]
+    assert opens_answer(opened) and not opens_answer(chat) and not opens_answer("params[0]:")
+    text = render_chat(tok, opened)
+    assert text == render_chat(tok, chat) + "params[0]:"  # the search's rendering of its prefix
+    n = prompt_token_count(tok, opened)
+    assert n == prompt_token_count(tok, text)
+    cut_chat, cut = truncate_prompt(tok, opened, n - 100)
+    short = render_chat(tok, cut_chat)
     assert cut and prompt_token_count(tok, short) <= n - 100 and short.endswith("params[0]:")
-    assert short.startswith(render_chat(tok, chat[:1] + [{"role": "user", "content": "x"}]).split("x")[0])
+    assert cut_chat[0] == chat[0] and cut_chat[-1] == opened[-1]  # the system turn and the opening stay
     assert short.endswith(text[text.index("Now answer."):])  # the end of the user turn and the opened answer stay
-    assert "Be brief." in short and "w0 " not in short
-    with pytest.raises(ValueError, match="max_prompt_tokens=5 leaves no room"):
-        open_prompt(tok, chat, "params[0]:", 5)
-    records, n_cut = open_prompts([{"prompt": chat, "answer_prefix": "params[0]:", "id": 1},
-                                   {"prompt": chat, "answer_prefix": "", "id": 2}], tok, n - 100)
-    assert n_cut == 1 and records[0]["prompt"] == short and records[1]["prompt"] == chat and records[0]["id"] == 1
+    assert "w0 " not in short
+    with pytest.raises(ValueError, match="max_prompt_tokens=5"):
+        truncate_prompt(tok, opened, 5)
+    # TRL would close the opened turn: the trainer gets the rendered text, cut to the budget
+    cfg = GRPOTrainParams(max_prompt_tokens=n - 100, max_steps=1, max_completion_length=4,
+                          lora=LoraSettings(r=2, alpha=4, dropout=0.0))
+    brief = [{"role": "user", "content": "short"}, opened[-1]]
+    run = build_grpo_trainer(tiny_llm, Dataset.from_list([{"prompt": opened}, {"prompt": brief}]), [format_soft],
+                             cfg, "unused-output-dir")
+    assert run.truncated_prompts == 1 and run.trainer.train_dataset["prompt"] == [short, render_chat(tok, brief)]
+    with pytest.raises(ValueError, match="prompt: either every chat opens the answer"):
+        build_grpo_trainer(tiny_llm, Dataset.from_list([{"prompt": opened}, {"prompt": [chat[1]]}]), [format_soft],
+                           cfg, "unused-output-dir")
 
 
 def _length_reward(completions, **_):
@@ -199,14 +208,14 @@ def test_grpo_update_changes_every_lora_weight_and_nothing_frozen(tmp_path, answ
     settings = PromptSettings(low=-6, high=6, decimals=1, step_size=0.5, optimum=100.0, episodes=1)
     records = build_records(TASK, data, range(4), settings, iteration=1, total_iterations=30, rollout_seed_base=9,
                             answer_prefix=answer_prefix)
-    records, _ = open_prompts(records, llm.tokenizer, 512)
-    assert all(isinstance(r["prompt"], str) == bool(answer_prefix) for r in records)
+    assert all(opens_answer(r["prompt"]) == bool(answer_prefix) for r in records)
     record: list[dict] = []
     funcs = recording([*make_reward_funcs(S), _length_reward], record, keys=("id",))
     # Two optimiser steps: LoRA's B starts at zero, so A gets no gradient before B has moved once.
     cfg = GRPOTrainParams(learning_rate=1e-2, max_steps=2, max_completion_length=8,
                           lora=LoraSettings(r=4, alpha=8, dropout=0.0), bf16=True)
     run = build_grpo_trainer(llm, Dataset.from_list(records), funcs, cfg, tmp_path / "trl")
+    assert all(isinstance(p, str) == bool(answer_prefix) for p in run.trainer.train_dataset["prompt"])
     args = run.trainer.args
     assert (args.learning_rate, args.loss_type, args.beta) == (1e-2, "dapo", 0.0)
     assert not args.bf16 and not args.gradient_checkpointing and args.report_to == []  # CPU: both off

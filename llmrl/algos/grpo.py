@@ -10,6 +10,9 @@ What this adds to TRL, and why:
 - TRL 1.16 has no ``max_prompt_length``: ``truncate_prompts`` measures each prompt with the model's own tokenizer
   after the chat template, exactly as the trainer will tokenise it, and cuts the start of the last message
   (the old TRL cut the start of the prompt, which for a chat would drop the template's own tokens).
+- A chat may end with an assistant message that opens the answer (e.g. ProPS's ``params[0]:``): the completion
+  continues it. TRL's templating would close that turn and open another, so such chats reach the trainer as
+  their rendered text (``llmrl.llm.load.render_chat``); truncation cuts the message before the opening.
 - TRL 1.16 turns ``bf16`` and ``gradient_checkpointing`` on by default: both are decided here (bf16 only where
   the device has it, checkpointing only when asked).
 - The defaults that matter (``learning_rate``, ``loss_type``, ``beta``) are always passed explicitly.
@@ -33,10 +36,10 @@ import torch
 
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.files import atomic_path
-from llmrl.llm.load import LLM, peft_lora_config, stable_adapter_names
+from llmrl.llm.load import LLM, peft_lora_config, render_chat, stable_adapter_names
 
 __all__ = ["RewardFunc", "completion_text", "completion_seed", "SeededRowSampler", "grpo_trainer_class",
-           "prompt_token_count", "truncate_prompt", "recording", "GRPORun", "build_grpo_trainer", "train",
+           "opens_answer", "prompt_token_count", "truncate_prompt", "recording", "GRPORun", "build_grpo_trainer", "train",
            "gather_records", "save_adapter"]
 
 RewardFunc = Callable[..., list[float]]
@@ -50,29 +53,37 @@ def completion_text(completion) -> str:
 # ------------------------------------------------------------------------------------------------ prompts
 
 
+def opens_answer(prompt: str | list[dict]) -> bool:
+    """Whether ``prompt`` is a chat whose last message, from the assistant, opens the answer the model continues."""
+    return not isinstance(prompt, str) and bool(prompt) and prompt[-1]["role"] == "assistant"
+
+
 def prompt_token_count(tokenizer, prompt: str | list[dict]) -> int:
-    """Tokens the trainer will feed for ``prompt``: the chat template with the generation prompt for a chat,
-    the plain text otherwise (TRL tokenises plain prompts as they are)."""
-    if isinstance(prompt, str):
-        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    """Tokens the trainer will feed for ``prompt``: the chat template with the generation prompt for a chat (an
+    opened answer continued instead), the plain text otherwise (TRL tokenises plain prompts as they are)."""
+    if isinstance(prompt, str) or opens_answer(prompt):
+        text = prompt if isinstance(prompt, str) else render_chat(tokenizer, prompt)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
     ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
     return len(ids["input_ids"])
 
 
 def truncate_prompt(tokenizer, prompt: str | list[dict], max_tokens: int) -> tuple[str | list[dict], bool]:
-    """``prompt`` cut to at most ``max_tokens`` tokens by dropping the start of its last message (of the text
-    for a plain prompt); returns the prompt and whether it was cut. The template and the earlier messages stay.
+    """``prompt`` cut to at most ``max_tokens`` tokens by dropping the start of its last message (the one before
+    an opened answer; of the text for a plain prompt); returns the prompt and whether it was cut. The template,
+    the other messages and the opened answer stay.
 
     Raises ``ValueError`` naming ``max_prompt_tokens`` when even an empty last message does not fit.
     """
     total = prompt_token_count(tokenizer, prompt)
     if total <= max_tokens:
         return prompt, False
-    content = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    at = len(prompt) - (2 if opens_answer(prompt) else 1)  # the message cut, in a chat
+    content = prompt if isinstance(prompt, str) else prompt[at]["content"]
     ids = tokenizer(content, add_special_tokens=False)["input_ids"]
 
     def with_content(text: str):
-        return text if isinstance(prompt, str) else [*prompt[:-1], {**prompt[-1], "content": text}]
+        return text if isinstance(prompt, str) else [*prompt[:at], {**prompt[at], "content": text}, *prompt[at + 1:]]
 
     keep = len(ids) - (total - max_tokens)
     # Re-tokenising decoded text can merge or split tokens at the cut: shorten until the prompt fits.
@@ -86,12 +97,19 @@ def truncate_prompt(tokenizer, prompt: str | list[dict], max_tokens: int) -> tup
 
 
 def truncate_prompts(dataset, tokenizer, max_tokens: int | None):
-    """The data set with every ``prompt`` cut to ``max_tokens`` and the number of prompts that were cut."""
-    if max_tokens is None:
-        return dataset, 0
-    cut = [truncate_prompt(tokenizer, p, max_tokens) for p in dataset["prompt"]]
+    """The data set with every ``prompt`` cut to ``max_tokens`` and the number of prompts that were cut; chats
+    that open the answer become their rendered text (TRL would close the opened turn)."""
+    prompts = dataset["prompt"]
+    cut = [truncate_prompt(tokenizer, p, max_tokens) if max_tokens is not None else (p, False) for p in prompts]
     n_cut = sum(was_cut for _, was_cut in cut)
-    if n_cut:
+    opened = [opens_answer(p) for p in prompts]
+    if any(opened):
+        if not all(opened):  # one column holds either chats or text
+            raise ValueError("prompt: either every chat opens the answer (ends with an assistant message) or none")
+        texts = [render_chat(tokenizer, p) for p, _ in cut]  # a new column: a chat column cannot hold text
+        dataset = dataset.map(lambda _, i: {"prompt_text": texts[i]}, with_indices=True, remove_columns="prompt")
+        dataset = dataset.rename_column("prompt_text", "prompt")
+    elif n_cut:
         dataset = dataset.map(lambda _, i: {"prompt": cut[i][0]}, with_indices=True)
     return dataset, n_cut
 

@@ -9,7 +9,8 @@ Here, differently from the original:
 - the prompt is the search's own numeric template (``props_prompts.render_search_prompt``) with one history
   entry, and a system message asking for ``<think>…</think>`` followed by the answer line in the search's
   ``params[i]: x`` format, which the search's strict parser (``props_prompts.parse_reply``) reads;
-- the assistant turn may be opened with an ``answer_prefix`` (``open_prompts``), as the search opens it for a model
+- the assistant turn may be opened with an ``answer_prefix`` (a final assistant message, which
+  ``llmrl.algos.grpo`` continues), as the search opens it for a model
   too small to start in the format (SmolLM2-135M: 3 % of its replies parsed without ``params[0]:``, 72 % with it,
   on the CPU default's prompts), so that GRPO trains the turn the search asks for; every reward reads the prefix
   and the completion together (a reply that starts with the answer has no ``<think>`` block: both format rewards
@@ -41,13 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmrl.agents.linear_policy import ParamEvaluator, policy_for
-from llmrl.algos.grpo import RewardFunc, completion_text, prompt_token_count, truncate_prompt
+from llmrl.algos.grpo import RewardFunc, completion_text
 from llmrl.algos.props_prompts import PromptSettings, format_example, parse_reply, render_search_prompt
 from llmrl.envs.control import ControlTask
-from llmrl.llm.load import render_chat
 
-__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "open_prompt", "open_prompts",
-           "RewardSettings", "reply_texts", "accepted_replies", "format_soft", "format_hard", "policy_reward",
+__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "RewardSettings",
+           "reply_texts", "accepted_replies", "format_soft", "format_hard", "policy_reward",
            "improvement_reward", "make_reward_funcs"]
 
 SYSTEM_PROMPT = (
@@ -110,59 +110,22 @@ def build_messages(task: ControlTask, history_params: Sequence[float], history_v
 def build_records(task: ControlTask, data: ScoredVectors, indices: Sequence[int], settings: PromptSettings, *,
                   iteration: int, total_iterations: int, rollout_seed_base: int, answer_prefix: str = "") -> list[dict]:
     """One example per vector: its chat prompt and the columns the rewards read (``old_params``, ``r_old`` = the
-    mean return shown in the prompt, ``rollout_seed``, ``answer_prefix``: the text the reply starts with, written
-    into the prompt by ``open_prompts``)."""
+    mean return shown in the prompt, ``rollout_seed``, ``answer_prefix``: the text the reply starts with, the
+    prompt's final assistant message when not empty)."""
     records = []
     for i in indices:
         r_old = float(data.returns[i].mean())
+        messages = build_messages(task, data.params[i].tolist(), r_old, settings, iteration=iteration,
+                                  total_iterations=total_iterations)
         records.append({
             "id": int(i),
-            "prompt": build_messages(task, data.params[i].tolist(), r_old, settings, iteration=iteration,
-                                     total_iterations=total_iterations),
+            "prompt": messages + ([{"role": "assistant", "content": answer_prefix}] if answer_prefix else []),
             "old_params": [float(x) for x in data.params[i]],
             "r_old": r_old,
             "rollout_seed": int(rollout_seed_base + i),
             "answer_prefix": answer_prefix,
         })
     return records
-
-
-def open_prompt(tokenizer, messages: list[dict], answer_prefix: str,
-                max_tokens: int | None) -> tuple[str | list[dict], bool]:
-    """The prompt GRPO samples from and whether it was cut: the chat itself without an ``answer_prefix`` (the
-    trainer applies the template and cuts it), else the chat as text with the assistant turn opened by the prefix,
-    as the search renders it. Text, because TRL's templating would close a final assistant message rather than
-    continue it. The last message is cut (``grpo.truncate_prompt``'s rule) until the text fits ``max_tokens``."""
-    if not answer_prefix:
-        return messages, False
-
-    def opened(conv: list[dict]) -> str:
-        return render_chat(tokenizer, [*conv, {"role": "assistant", "content": answer_prefix}])
-
-    if max_tokens is None:
-        return opened(messages), False
-    budget = max_tokens
-    while True:
-        try:
-            conv, cut = truncate_prompt(tokenizer, messages, budget)
-        except ValueError as err:
-            raise ValueError(f"max_prompt_tokens={max_tokens} leaves no room for the prompt opened with "
-                             f"answer_prefix {answer_prefix!r}") from err
-        text = opened(conv)
-        over = prompt_token_count(tokenizer, text) - max_tokens
-        if over <= 0:
-            return text, cut
-        budget -= over
-
-
-def open_prompts(records: Sequence[dict], tokenizer, max_tokens: int | None) -> tuple[list[dict], int]:
-    """``records`` with each prompt opened by its ``answer_prefix`` (``open_prompt``), and how many were cut."""
-    out, n_cut = [], 0
-    for r in records:
-        prompt, cut = open_prompt(tokenizer, r["prompt"], r.get("answer_prefix", ""), max_tokens)
-        out.append({**r, "prompt": prompt})
-        n_cut += cut
-    return out, n_cut
 
 
 # ------------------------------------------------------------------------------------------------ rewards
