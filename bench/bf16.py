@@ -31,7 +31,8 @@ from score import ACTIONS, babyai_prompt  # noqa: E402  (the scoring benchmark's
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
 from llmrl.kernels import cpu_supports_bf16  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
-from llmrl.llm import load_model, score  # noqa: E402
+from llmrl.llm.score import score
+from llmrl.llm.load import load_model
 
 BATCH, TOKENS, REPEATS, THREADS = 8, 200, 3, 1
 TARGET_FORWARD = 2.0  # the issue measured 3.1x forward and 2.2x forward + backward on a CPU with AMX

@@ -54,7 +54,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
     from llmrl.agents.student import MLPStudent
     from llmrl.algos.distilled_ppo import make_vector_env, train
     from llmrl.config.ppo import PPOParams
-    from llmrl.envs import make_env
+    from llmrl.envs.make import make_env
     from llmrl.seeding import seed_everything
 
     torch.set_num_threads(threads)
@@ -66,7 +66,7 @@ def worker(iterations: int, threads: int, deterministic: bool, seed: int) -> dic
     cfg = PPOParams(total_frames=iterations * N_ENVS * N_STEPS, num_envs=N_ENVS, num_steps=N_STEPS, epochs=4,
                     minibatch_size=64, lr=3e-4, entropy_coef=0.01)
     start = time.perf_counter()
-    history = list(train(envs, agent, cfg, seed=seed, progress=False))
+    history = list(train(agent, envs, cfg, seed=seed, progress=False))
     seconds = time.perf_counter() - start
     envs.close()
     params = hashlib.sha256()

@@ -107,8 +107,9 @@ DEFAULT = dict(n_envs=4, frames_per_env=4, updates=1, epochs=2, minibatch_size=1
 def run_one(method: str, setting: str, model: str, dtype: str) -> dict:
     from llmrl.agents.llm_policy import build_agent
     from llmrl.algos.ppo_llm import train
+    import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
     from llmrl.config.glam import GlamPPO
-    from llmrl.envs import make_env
+    from llmrl.envs.make import make_env
 
     torch.set_num_threads(THREADS)
     if method == "naive":

@@ -1,4 +1,4 @@
-"""Benchmark on a lent GPU: GLAM's and LLM_RL's paper profiles (configs/paper/) for as long as a loan allows.
+"""Benchmark on a lent GPU: GLAM's and LLM_RL's paper profiles (conf/<method>/paper.yaml) for as long as a loan allows.
 
     python bench/gpu.py [glam] [llm_rl] --minutes 6 [--model SPEC | --shape qwen2.5-0.5b] [--dtype float32]
 
@@ -42,7 +42,9 @@ SHAPES = {"qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attent
 
 
 def paper_section(method: str) -> dict:
-    return yaml.safe_load((ROOT / "configs" / "paper" / f"{method}.yaml").read_text())[method]
+    from llmrl.config.profiles import compose
+
+    return compose(ROOT / "conf", [f"{method}=paper"])[method]
 
 
 def build_llm(model: str, shape: str | None, *, trainable: bool, dtype: str | None = None) -> LLM:
@@ -78,7 +80,8 @@ def bench_glam(args) -> dict:
     from llmrl.agents.llm_policy import LLMActorCritic
     from llmrl.algos.ppo_llm import train
     from llmrl.config.glam import GlamParams
-    from llmrl.envs import make_env
+    import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+    from llmrl.envs.make import make_env
 
     p = GlamParams.model_validate(paper_section("glam"))
     cfg = p.train.ppo()  # the paper's 1,172 updates; the time budget stops it
@@ -99,7 +102,7 @@ def bench_glam(args) -> dict:
     steady = rows[1:] or rows  # the first update pays for CUDA's warm-up
     per_update = cfg.n_envs * cfg.frames_per_env
     return {
-        "benchmark": "GLAM PPO at the paper profile (configs/paper/glam.yaml), env steps/s of collection + update",
+        "benchmark": "GLAM PPO at the paper profile (conf/glam/paper.yaml), env steps/s of collection + update",
         "model": llm.spec, "variant": variant, "dtype": str(llm.dtype), "env_id": p.train.env_id,
         "settings": {**cfg.model_dump(), "updates": len(rows), "history": p.policy.history},
         "updates": len(rows), "frames": frames, "wall_s": round(wall, 1),
@@ -120,7 +123,7 @@ def bench_llm_rl(args) -> dict:
     from llmrl.algos.reinforce_kl import ReinforceKL
     from llmrl.config.llm_rl import ReinforceTrainParams
     from llmrl.envs.word_problems.generator import generated_splits
-    from llmrl.llm import SamplingConfig
+    from llmrl.llm.generate import SamplingConfig
     from llmrl.seeding import seed_everything
 
     sec = paper_section("llm_rl")
@@ -165,7 +168,7 @@ def bench_llm_rl(args) -> dict:
     steady = rows[1:] or rows
     total_s = sum(r["collect_s"] + r["update_s"] for r in steady)
     return {
-        "benchmark": "LLM_RL REINFORCE-KL at the paper profile (configs/paper/llm_rl.yaml), generated tokens/s and "
+        "benchmark": "LLM_RL REINFORCE-KL at the paper profile (conf/llm_rl/paper.yaml), generated tokens/s and "
                      "samples/s of collection + update",
         "model": llm.spec, "dtype": str(llm.dtype), "data": "generated word problems (GSM8K needs the hub)",
         "settings": {**p.model_dump(mode="json"), "iterations": len(rows)},

@@ -34,7 +34,7 @@ from llmrl.algos.llm_rl_grpo import build_trainer, trainer_params  # noqa: E402
 from llmrl.config.llm_rl import ReinforceTrainParams  # noqa: E402
 from llmrl.envs.word_problems.generator import generated_splits  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
-from llmrl.llm import load_model  # noqa: E402
+from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything  # noqa: E402
 
 TARGET = 2.0

@@ -6,7 +6,7 @@ through the harness policy (``GroundedPolicy``: one KV cache per episode). Same 
 actions, so the outcomes (success, length per episode) must be equal. Rates are environment steps per CPU second
 of the process, wall-clock beside them; the ratio is the median over alternating repeats. Target: ratio >= 2.
 
-Usage: python bench/kalm_acting.py [--model models/kalm/grounded/metaworld] [--episodes 5] [--max-steps 60]
+Usage: python bench/kalm_acting.py [--model models/kalm/grounded/metaworld] [--per-goal 1] [--max-steps 60]
 Without a trained model folder it builds an untrained grounded model on models/base_llm (speed and equality do
 not depend on the weights). Writes bench/results/kalm_acting.json.
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from llmrl.agents.grounded_policy import GroundedPolicy  # noqa: E402
 from llmrl.envs import kalm_levels as kl  # noqa: E402
 from llmrl.eval.harness import run_episode  # noqa: E402
-from llmrl.eval.kalm import EnvPool, grounded_act, run_level  # noqa: E402
+from llmrl.eval.kalm import grounded_act, run_level  # noqa: E402
 from llmrl.fingerprint import environment_fingerprint  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
 from llmrl.llm.grounded import GroundedLM  # noqa: E402
@@ -35,7 +35,7 @@ from llmrl.llm.grounded import GroundedLM  # noqa: E402
 from kalm_rollouts import metaworld_model  # noqa: E402  (this folder is on sys.path when a bench runs)
 
 TARGET = 2.0
-FIRST_SEED = 10_000  # kalm_eval's evaluation seeds
+FIRST_SEED = 20_000  # kalm_eval's evaluation seeds (the test initial-state split)
 
 
 def timed(fn):
@@ -44,17 +44,17 @@ def timed(fn):
     return out, time.process_time() - c0, time.perf_counter() - w0
 
 
-def one_at_a_time(model: GroundedLM, pool: EnvPool, episodes: int) -> list[tuple[bool, int]]:
+def one_at_a_time(model: GroundedLM, goals, pool: kl.GoalEnvPool, per_goal: int) -> list[tuple[bool, int]]:
     out = []
-    for j in range(episodes):
-        rec, _ = run_episode(pool.env(j, FIRST_SEED + j), GroundedPolicy(model, pool.goals[j % len(pool.goals)]),
-                             FIRST_SEED + j, greedy=True)
+    for j, (g, seed) in enumerate(kl.goal_schedule(len(goals), per_goal, FIRST_SEED)):
+        rec, _ = run_episode(pool.env(goals[g], j // len(goals), seed), GroundedPolicy(model, goals[g]), seed,
+                             greedy=True)
         out.append((bool(rec.success), int(rec.length)))
     return out
 
 
-def batched(model: GroundedLM, pool: EnvPool, episodes: int) -> list[tuple[bool, int]]:
-    return [(o.success, o.length) for o in run_level(grounded_act(model, pool.goals), pool, episodes, FIRST_SEED)]
+def batched(model: GroundedLM, goals, pool: kl.GoalEnvPool, per_goal: int) -> list[tuple[bool, int]]:
+    return [(o.success, o.length) for o in run_level(grounded_act(model, goals), goals, pool, per_goal, FIRST_SEED)]
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--model", default=str(ROOT / "models" / "kalm" / "grounded" / "metaworld"))
     ap.add_argument("--base", default=str(ROOT / "models" / "base_llm"))
     ap.add_argument("--level", default="easy")
-    ap.add_argument("--episodes", type=int, default=5, help="kalm.eval.grounded_episodes")
+    ap.add_argument("--per-goal", type=int, default=1, help="episodes per goal (kalm.eval.grounded_episodes / goals)")
     ap.add_argument("--max-steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="as kalm_eval (kalm.eval.threads)")
@@ -71,14 +71,14 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model, source = metaworld_model(a.model, a.base)
-    pool = EnvPool(kl.goals("metaworld", a.level), kl.EnvSettings(max_steps=a.max_steps))
-    pool.env(0, FIRST_SEED)  # build the environments before timing
-    for j in range(a.episodes):
-        pool.env(j, FIRST_SEED + j)
+    goals = kl.goals("metaworld", a.level)
+    pool = kl.GoalEnvPool(kl.EnvSettings(max_steps=a.max_steps))
+    for j, (g, seed) in enumerate(kl.goal_schedule(len(goals), a.per_goal, FIRST_SEED)):
+        pool.env(goals[g], j // len(goals), seed)  # build the environments before timing
     runs = []
     for r in range(a.repeats):
-        ref, cpu_r, wall_r = timed(lambda: one_at_a_time(model, pool, a.episodes))
-        ours, cpu_b, wall_b = timed(lambda: batched(model, pool, a.episodes))
+        ref, cpu_r, wall_r = timed(lambda: one_at_a_time(model, goals, pool, a.per_goal))
+        ours, cpu_b, wall_b = timed(lambda: batched(model, goals, pool, a.per_goal))
         steps = sum(n for _, n in ref)
         runs.append({"env_steps": steps, "one_at_a_time_cpu_s": round(cpu_r, 3), "batched_cpu_s": round(cpu_b, 3),
                      "one_at_a_time_wall_s": round(wall_r, 3), "batched_wall_s": round(wall_b, 3),
@@ -90,7 +90,8 @@ def main() -> None:
     ratio = statistics.median(x["ratio_cpu"] for x in runs)
     same = all(x["same_outcomes"] for x in runs)
     result = {
-        "model": source, "level": a.level, "episodes": a.episodes, "max_steps": a.max_steps, "threads": a.threads,
+        "model": source, "level": a.level, "episodes": len(goals) * a.per_goal, "max_steps": a.max_steps,
+        "threads": a.threads,
         "env_steps": steps,
         "batched_steps_per_cpu_s": round(steps / statistics.median(x["batched_cpu_s"] for x in runs), 1),
         "one_at_a_time_steps_per_cpu_s": round(steps / statistics.median(x["one_at_a_time_cpu_s"] for x in runs), 1),

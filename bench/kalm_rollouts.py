@@ -66,7 +66,7 @@ def main() -> None:
     model.eval()
     goals = kl.goals("metaworld", "easy")
     instr = [goals[i % len(goals)].instruction for i in range(a.batch)]
-    obs0 = np.stack([kl.make_goal_env(goals[i % len(goals)], 20_000 + i).reset(seed=20_000 + i)[0]
+    obs0 = np.stack([kl.make_goal_env(goals[i % len(goals)], 30_000 + i).reset(seed=30_000 + i)[0]
                      for i in range(a.batch)]).astype(np.float32)
     transitions = a.batch * a.steps
     runs = []

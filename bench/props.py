@@ -2,10 +2,9 @@
 vectorised policy evaluation vs a plain Python loop.
 
 1. Search iterations per second (one search advancing one iteration = one search-iteration): K = 4 searches of
-   ProPS on MountainCarContinuous with the embedded SmolLM2 (``models/base_llm``; set LLMRL_BENCH_MODEL for
-   another spec), greedy, no re-asks and no reply cache (every call is generated), 10-episode evaluations
-   capped at 200 steps. Batched: ``props_search`` with seeds 0..3 in lockstep (one generate call of 4 prompts
-   per iteration). Sequential: the same four searches, one ``props_search`` call each. Both sides produce the
+   ProPS on Pendulum with the embedded SmolLM2 (``models/base_llm``; set LLMRL_BENCH_MODEL for another spec),
+   greedy, no re-asks and no reply cache (every call is generated), 10-episode evaluations of its 200 steps.
+   Batched: ``props_search`` with seeds 0..3 in lockstep (one generate call of 4 prompts per iteration). Sequential: the same four searches, one ``props_search`` call each. Both sides produce the
    same searches; the sides alternate over REPEATS pairs and the median paired ratio is reported (target >= 2).
 2. Evaluation episodes per second: ``evaluate_params`` (all episodes of all parameter vectors stepped together,
    one batched policy call per step) vs ``evaluate_params_loop`` (one episode after another) on CartPole and
@@ -50,11 +49,10 @@ EVAL_TASKS = ("cartpole", "mountaincar_continuous")  # short episodes (random Ca
 def search_rate(optimizer, llm_p, search, space) -> dict:
     seeds = list(range(K))
     t0 = time.perf_counter()
-    batched = list(props_search("mountaincar_continuous", ["props"], seeds, optimizer, search, space, llm_p))
+    batched = list(props_search("pendulum", ["props"], seeds, optimizer, search, space, llm_p))
     t_batched = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sequential = [r for s in seeds for r in props_search("mountaincar_continuous", ["props"], [s], optimizer, search,
-                                                          space, llm_p)]
+    sequential = [r for s in seeds for r in props_search("pendulum", ["props"], [s], optimizer, search, space, llm_p)]
     t_seq = time.perf_counter() - t0
     same = sorted((r["seed"], r["step"], r["return_mean"]) for r in batched) == \
         sorted((r["seed"], r["step"], r["return_mean"]) for r in sequential)
@@ -87,9 +85,8 @@ def evaluation_rate(task: str, vectors: int = 32, episodes: int = 10, timings: i
 
 def main() -> None:
     spec = os.environ.get("LLMRL_BENCH_MODEL", "models/base_llm")
-    llm_p = PropsLLMParams(spec=spec, max_new_tokens=40, answer_prefix="params[0]:", batch_size=K)
-    search = PropsSearchParams(tasks=["mountaincar_continuous"], iterations=ITERATIONS, episodes_per_eval=10,
-                               max_episode_steps={"mountaincar_continuous": 200}, max_reasks=0,
+    llm_p = PropsLLMParams(spec=spec, answer_prefix="params[0]:", batch_size=K)
+    search = PropsSearchParams(tasks=["pendulum"], iterations=ITERATIONS, episodes_per_eval=10, max_reasks=0,
                                prompt_token_budget=768)
     space = PropsSpaceParams()
     optimizer = build_optimizer_llm(llm_p, cache_dir=None)

@@ -36,7 +36,8 @@ from llmrl.algos.reinforce_kl import ReinforceKL  # noqa: E402
 from llmrl.config.llm_rl import CommonTrainParams, GRPOParams, ReinforceKLParams, ReinforceTrainParams  # noqa: E402
 from llmrl.envs.word_problems.generator import generated_splits  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
-from llmrl.llm import LoraSettings, load_model  # noqa: E402
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything  # noqa: E402
 
 TARGET = 1.5

@@ -29,7 +29,8 @@ keep_caches_under(ROOT / ".cache")
 pin_cpu_kernels()  # the stages' float path (stages/common.py)
 
 from llmrl.files import write_json  # noqa: E402
-from llmrl.llm import load_model, score, score_naive  # noqa: E402
+from llmrl.llm.score import score, score_naive
+from llmrl.llm.load import load_model
 
 ACTIONS = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle"]
 TARGET = 3.0

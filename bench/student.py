@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from llmrl.agents.student import MLPStudent  # noqa: E402
 from llmrl.algos.distilled_ppo import make_vector_env, train  # noqa: E402
 from llmrl.config.ppo import PPOParams  # noqa: E402
-from llmrl.envs import make_env  # noqa: E402
+from llmrl.envs.make import make_env
 from llmrl.files import write_json  # noqa: E402
 
 ENV_ID = "MiniGrid-DoorKey-5x5-v0"
@@ -47,7 +47,7 @@ def run_llmrl(frames: int, seed: int) -> float:
     cfg = PPOParams(total_frames=frames, num_envs=N_ENVS, num_steps=N_STEPS, epochs=EPOCHS, minibatch_size=MINIBATCH,
                     lr=3e-4, entropy_coef=0.0)
     start = time.perf_counter()
-    history = list(train(envs, agent, cfg, seed=seed, progress=False))
+    history = list(train(agent, envs, cfg, seed=seed, progress=False))
     seconds = time.perf_counter() - start
     envs.close()
     return history[-1]["frames"] / seconds

@@ -6,9 +6,11 @@ A run's identity is the hash of three parts, each kept apart so a mismatch can s
 - ``inputs``: the content hash of every input it reads (a base-model folder, data files), by name;
 - ``code``: the content hash of every source file of the training (the project modules it imports).
 
-``save_checkpoint`` stores the identity with the state (atomically: a killed writer leaves the previous checkpoint);
-``load_resumable`` returns the state only when the stored identity equals the current one, and otherwise discards
-the file with a log line naming the parts (and the inputs / files) that changed.
+``save_checkpoint`` stores the identity with the state (atomically: a killed writer leaves the previous checkpoint),
+after a header holding the sha256 of the rest; ``load_resumable`` returns the state only when the file is whole (its
+digest matches, checked before anything is unpickled) and the stored identity equals the current one, and otherwise
+discards the file with a log line naming it and why (damaged; or the parts, inputs and files that changed). A
+restart point only saves time, so a damaged one is a recorded miss: the run starts over and ends as it would have.
 
 The code part: ``project_sources()`` lists the source files of every loaded module under the project's folders,
 i.e. the training's runtime import closure (call it once the training's modules are imported).
@@ -17,6 +19,7 @@ i.e. the training's runtime import closure (call it once the training's modules 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -35,6 +38,7 @@ __all__ = ["project_sources", "RunIdentity", "run_identity", "save_checkpoint", 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _CHUNK = 1 << 20
+MAGIC = b"llmrl-checkpoint sha256 "
 
 
 def hash_path(path: str | os.PathLike) -> str:
@@ -126,22 +130,39 @@ def run_identity(params: Mapping[str, Any], inputs: Mapping[str, str | os.PathLi
 
 
 def save_checkpoint(path: str | os.PathLike, state: Mapping[str, Any], identity: RunIdentity) -> None:
-    """Write ``state`` with the identity atomically (temporary file, then rename)."""
+    """Write ``state`` with the identity atomically (temporary file, then rename), after its digest."""
+    buffer = io.BytesIO()
+    torch.save({"identity": identity.to_dict(), "state": dict(state)}, buffer)
+    payload = buffer.getvalue()
     with atomic_path(path) as tmp:
-        torch.save({"identity": identity.to_dict(), "state": dict(state)}, tmp)
+        tmp.write_bytes(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+
+
+class _Damaged(ValueError):
+    pass
+
+
+def _payload(p: Path) -> bytes:
+    data = p.read_bytes()
+    head, _, payload = data.partition(b"\n")
+    if not head.startswith(MAGIC) or head[len(MAGIC):] != hashlib.sha256(payload).hexdigest().encode():
+        raise _Damaged("its sha256 header does not match its content (damaged, or not a checkpoint of this llmrl)")
+    return payload
 
 
 def load_resumable(path: str | os.PathLike, identity: RunIdentity) -> dict | None:
-    """The checkpoint's state when it belongs to this run, else None (a mismatching file is deleted, with a log line)."""
+    """The checkpoint's state when it is whole and belongs to this run, else None: a damaged, unreadable or
+    mismatching file is deleted, with a log line naming it and why."""
     p = Path(path)
     if not p.is_file():
         return None
     try:
-        blob = torch.load(p, weights_only=False)
+        blob = torch.load(io.BytesIO(_payload(p)), weights_only=False)
         stored = blob["identity"]
         state = blob["state"]
-    except Exception as exc:  # noqa: BLE001 - an unreadable or foreign file is never resumed; it is named and dropped
-        log.warning("checkpoint %s discarded: unreadable (%s: %s)", p, type(exc).__name__, exc)
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file is never resumed; it is named and dropped
+        log.warning("checkpoint %s discarded, training from scratch: %s (%s)", p,
+                    "damaged" if isinstance(exc, _Damaged) else "unreadable", exc)
         p.unlink(missing_ok=True)
         return None
     if stored.get("digest") == identity.digest:

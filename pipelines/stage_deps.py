@@ -1,9 +1,9 @@
 """Every DVC stage's `deps` cover the project code its script imports, transitively (issue 9, item 1).
 
-For each stage of dvc.yaml (plain, `foreach` and `matrix` stages alike) the stage script named in `cmd`
-(`python stages/<name>.py ...`) is parsed with `ast`, never executed, and its import closure is followed through the
-project's own files only: `stages/*.py` (the scripts import `common`, `llm4teach_common`, ... from their own folder) and
-`llmrl/**/*.py`, including every package `__init__.py` an import passes through (Python runs them). Imports inside
+For each stage of dvc.yaml (plain, `foreach` and `matrix` stages alike) the stage module named in `cmd`
+(`python -m stages.<name> ...`, or a script `python <path>.py ...`) is parsed with `ast`, never executed, and its
+import closure is followed through the project's own files only: `stages/*.py` and `llmrl/**/*.py`, including every
+package `__init__.py` an import passes through and those of the module's own package (Python runs them). Imports inside
 functions count too (they run when that code path runs); imports of third-party packages are outside the closure.
 Package data a module reads is counted with it: a non-Python entry beside the module (a file, or a folder that is
 not a package, e.g. `llmrl/algos/props_templates/`) whose name appears in one of the module's string literals.
@@ -135,6 +135,10 @@ def import_closure(script: Path, root: Path = ROOT) -> list[str]:
     seen: set[Path] = set()
     data: set[Path] = set()
     todo = [script]
+    folder = script.parent  # a module of a package (`python -m stages.<name>`): its packages' __init__ files run first
+    while folder != root and (folder / "__init__.py").is_file():
+        todo.append(folder / "__init__.py")
+        folder = folder.parent
     while todo:
         f = todo.pop()
         if f in seen:

@@ -40,7 +40,7 @@ from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy  # noqa: E402
 from llmrl.algos.llm4teach_runs import train_grid_student, train_spread_student  # noqa: E402
 from llmrl.config import load_section, read_params  # noqa: E402
 from llmrl.config.llm4teach import LLM4TeachParams  # noqa: E402
-from llmrl.envs import make_env  # noqa: E402
+from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS  # noqa: E402
 from llmrl.eval.batched import evaluate_batched  # noqa: E402
 from llmrl.eval.llm4teach import select_setting  # noqa: E402

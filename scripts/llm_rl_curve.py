@@ -46,7 +46,8 @@ from llmrl.config.llm_rl import ReinforceTrainParams  # noqa: E402
 from llmrl.envs.word_problems.datasets import read_jsonl  # noqa: E402
 from llmrl.eval.seeds import aggregate_seeds  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
-from llmrl.llm import SamplingConfig, load_model  # noqa: E402
+from llmrl.llm.generate import SamplingConfig
+from llmrl.llm.load import load_model
 from llmrl.process import keep_caches_under  # noqa: E402
 from llmrl.seeding import seed_everything  # noqa: E402
 
@@ -69,9 +70,9 @@ def run_seed(seed: int, args: argparse.Namespace, section: dict, shots, problems
     """One training seed: REINFORCE-KL for ``args.iterations``, greedy validation accuracy at the checkpoints."""
     keep_caches_under(ROOT / ".cache")
     torch.set_num_threads(args.threads)
-    cfg = load_section({"llm_rl": {"train": {**section, "common": {
-        **section["common"], "seed": seed, "iterations": args.iterations, "dtype": args.dtype,
-        "threads": args.threads}}}}, "llm_rl.train", ReinforceTrainParams)
+    cfg = load_section({"llm_rl": {"train": {**section, "seeds": args.seeds, "common": {
+        **section["common"], "iterations": args.iterations, "dtype": args.dtype,
+        "threads": args.threads}}}}, "llm_rl.train", ReinforceTrainParams).for_seed(seed)
     seed_everything(seed)
     llm = load_model(args.model, dtype=cfg.common.dtype, lora=cfg.common.lora)
     algo = ReinforceKL(llm, cfg, problems, shots)

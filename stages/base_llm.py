@@ -1,20 +1,17 @@
 """Stage base_llm: materialise the base model spec into models/base_llm/ (safetensors + tokenizer)."""
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import torch
 
 from llmrl.config import BaseLLMParams
-from llmrl.llm import load_model, save_model
+from llmrl.llm.load import load_model, save_model
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
 
 OUT = paths.base_llm().model
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("base_llm", argv)
     p = stage_params("base_llm", BaseLLMParams)
     torch.set_num_threads(p.threads)
     llm = load_model(p.spec, device="cpu", dtype="float32")

@@ -1,11 +1,12 @@
-"""What every stage script shares: its process set-up, its params section, its dvclive logger, model specs.
+"""What every stage shares: its process set-up, its params section, its dvclive logger, model specs.
 
-Importing this module changes nothing; a stage script calls ``prepare_stage_process()`` at its top. Every stage
-lists this file as a dependency in dvc.yaml.
+Importing this module changes nothing; the ``stages`` package calls ``prepare_stage_process()`` when Python runs a
+stage module (``python -m stages.<name>``). Every stage lists this file as a dependency in dvc.yaml.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -15,28 +16,34 @@ from collections.abc import Iterator
 from llmrl.config import ParamsError, load_section, read_params
 from llmrl.kernels import pin_cpu_kernels
 from llmrl.process import keep_caches_under
+from stages.paths import CACHE, PARAMS, ROOT
 
-from paths import CACHE, ROOT  # isort: skip  (stages/ is on sys.path: this is stages/paths.py)
+__all__ = ["log", "model_spec", "open_live", "prepare_stage_process", "stage_arguments", "stage_params"]
 
 
 log = logging.getLogger("llmrl.stage")
 
 
-def prepare_stage_process(torch_threads: int | None = None) -> None:
-    """The stage process's set-up, called at the top of a stage script before it imports torch, transformers or
-    the HF hub (they read these variables at import): caches under the repo's .cache/ (nothing writes to $HOME),
-    ATen's and oneDNN's kernels pinned to one float path (``llmrl.kernels``; before torch's first kernel
-    dispatch), and, with ``torch_threads``, torch's intra-op threads. Spawned worker processes run the script's
-    top again, so they get the same set-up."""
+def prepare_stage_process() -> None:
+    """The stage process's set-up, before it imports torch, transformers or the HF hub (they read these variables
+    at import): caches under the repo's .cache/ (nothing writes to $HOME) and ATen's and oneDNN's kernels pinned to
+    one float path (``llmrl.kernels``; before torch's first kernel dispatch). Both are environment variables, so
+    the worker processes a stage spawns inherit them."""
     keep_caches_under(CACHE)
     pin_cpu_kernels()
-    if torch_threads is not None:
-        import torch
-
-        torch.set_num_threads(torch_threads)
 
 
-def stage_params(section: str, model, params_file: str | os.PathLike = ROOT / "params.yaml"):
+def stage_arguments(stage: str, argv: list[str] | None, **positional: str) -> argparse.Namespace:
+    """The stage's command-line arguments (what follows ``python -m stages.<stage>`` in dvc.yaml's cmd), one
+    positional per keyword, its value the help text; ``argv`` None reads ``sys.argv``. A wrong count is a usage
+    error naming them (exit 2)."""
+    parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}")
+    for name, text in positional.items():
+        parser.add_argument(name, help=text)
+    return parser.parse_args(argv)
+
+
+def stage_params(section: str, model, params_file: str | os.PathLike = PARAMS):
     """The validated params section; on invalid params print the key paths and exit 2 before any write."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("httpx", "httpx2", "urllib3", "filelock"):

@@ -1,23 +1,21 @@
 """Stage demos: BabyAI bot demonstrations, one HDF5 trajectory file per level under data/demos/."""
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
-from llmrl.agents import BabyAIBotPolicy
+from llmrl.agents.baselines import BabyAIBotPolicy
 from llmrl.config import DemosParams
-from llmrl.data import TrajectoryWriter
-from llmrl.envs import make_env
-from llmrl.eval import evaluate
+from llmrl.data.trajectories import TrajectoryWriter
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
+from llmrl.eval.harness import evaluate
 from llmrl.files import write_json
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
 
 OUT = paths.demos().demos
 ACTION_NAMES = ["turn left", "turn right", "go forward", "pick up", "drop", "toggle", "done"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("demos", argv)
     p = stage_params("demos", DemosParams)
     seeds = range(p.seed, p.seed + p.episodes)
     summary = {}

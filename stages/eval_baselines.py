@@ -1,28 +1,26 @@
 """Stage eval_baselines: the BabyAI bot and a random policy through the evaluation harness.
 
 Writes one headline file per level and policy, metrics/baselines/eval/<level>/<policy>.json (success and
-return with intervals, greedy and sampled apart), per-episode tables under metrics/baselines/episodes/ (a plain
-out), and a dvclive bar plot of success per policy and level.
+return with intervals, greedy and sampled apart), per-episode tables and the protocol (seeds, the environment line)
+under metrics/baselines/episodes/ (a plain out), and a dvclive bar plot of success per policy and level.
 """
 
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
-
-from llmrl.agents import BabyAIBotPolicy, RandomPolicy
+from llmrl.agents.baselines import BabyAIBotPolicy, RandomPolicy
 from llmrl.config import DemosParams, EvalBaselinesParams
-from llmrl.envs import make_env
-from llmrl.eval import evaluate
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
+from llmrl.eval.harness import evaluate
 from llmrl.eval.headline import headline_of_results, metrics_entry
 from llmrl.files import atomic_path, write_json
+from llmrl.fingerprint import fingerprint_line
+from stages import paths
+from stages.common import log, open_live, stage_arguments, stage_params
 
 POLICIES = {"bot": (BabyAIBotPolicy, "greedy"), "random": (lambda: RandomPolicy(n_actions=6), "sampled")}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("eval_baselines", argv)
     p = stage_params("eval_baselines", EvalBaselinesParams)
     envs = stage_params("demos", DemosParams).envs  # evaluate on the levels the demonstrations cover
     seeds = range(p.seed, p.seed + p.episodes)
@@ -45,6 +43,9 @@ def main() -> None:
             env.close()
         live.log_plot("success_by_policy", rows, x="success_rate", y="policy", template="bar_horizontal",
                       title="Baselines: success rate")
+        write_json(episodes_dir / "protocol.json", {"episodes": p.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}",
+                                                    "env": fingerprint_line()})
+
 
 if __name__ == "__main__":
     main()

@@ -6,12 +6,6 @@ wrapper, so their text observations and missions are the ones the policy is trai
 demos' seeds (``demos.seed``...) are disjoint from GLAM's evaluation seeds.
 """
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import time
 
 import torch
@@ -20,15 +14,18 @@ from llmrl.agents.llm_policy import build_agent, save_agent
 from llmrl.algos.bc_llm import bc_samples, train_bc
 from llmrl.config import DemosParams
 from llmrl.config.glam import GlamParams
-from llmrl.data import TrajectoryReader
-from llmrl.envs import make_env
+from llmrl.data.trajectories import TrajectoryReader
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
 from llmrl.files import write_json
-
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
 
 OUT = paths.glam_bc()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("glam_bc", argv)
     p = stage_params("glam", GlamParams)
     demos = stage_params("demos", DemosParams)
     if p.train.env_id not in demos.envs:
@@ -57,6 +54,7 @@ def main() -> None:
                {"samples": len(samples), "episodes": len(episodes), "loss_first": round(losses[0], 4),
                 "loss": round(losses[-1], 4), "dtype": agent.llm.dtype_name,
                 "seconds": round(time.perf_counter() - start, 1)})
+
 
 if __name__ == "__main__":
     main()

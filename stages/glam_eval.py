@@ -6,28 +6,27 @@ lockstep (``evaluate_batched``: same seeds and protocol as the harness, many pro
 to the level's own step limit unless ``glam.eval.max_steps`` caps them. Writes one headline file per level and
 agent, metrics/glam/eval/<level>/<agent>.json (success and return with intervals, greedy and sampled apart;
 the training seeds of a glam_train variant are pooled as seeds), per-episode tables, the first rendered prompts
-of each LLM agent and timings under metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
+of each LLM agent and the protocol (seeds, timings, each LLM agent's compute dtype, the environment line) under
+metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
 """
-
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
 
 import time
 
 import torch
 
-from llmrl.agents import BabyAIBotPolicy, RandomPolicy
+from llmrl.agents.baselines import BabyAIBotPolicy, RandomPolicy
 from llmrl.agents.llm_policy import LLMBatchPolicy, build_agent, load_agent
 from llmrl.agents.symbolic import SymbolicActorCritic, SymbolicPolicy
 from llmrl.config.glam import GlamParams
-from llmrl.envs import make_env
-from llmrl.eval import evaluate
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
+from llmrl.eval.harness import evaluate
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.files import atomic_path, write_json
+from llmrl.files import atomic_path, verify_checksums, write_json
+from llmrl.fingerprint import fingerprint_line
+from stages import paths
+from stages.common import log, open_live, stage_arguments, stage_params
 
 OUT = paths.glam_eval()
 
@@ -39,8 +38,9 @@ def agents(p: GlamParams):
 
     def symbolic(seed: int):
         model = SymbolicActorCritic()
-        model.load_state_dict(torch.load(paths.glam_symbolic().model / str(seed) / "model.pt",
-                                         weights_only=True))
+        folder = paths.glam_symbolic().model
+        verify_checksums(folder, [f"{seed}/model.pt"])  # a damaged file is a DamagedFileError naming it
+        model.load_state_dict(torch.load(folder / str(seed) / "model.pt", weights_only=True))
         return SymbolicPolicy(model, name=f"symbolic_ppo-{seed}")
 
     yield "symbolic_ppo", [lambda seed=seed: symbolic(seed) for seed in p.symbolic.seeds], p.eval.modes
@@ -62,18 +62,18 @@ def agents(p: GlamParams):
                             for s in p.train.seeds], p.eval.modes
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("glam_eval", argv)
     p = stage_params("glam", GlamParams)
     torch.set_num_threads(p.threads)
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
-    rows, timing = [], {}
+    rows, timing, dtypes = [], {}, {}
     with open_live(OUT.live) as live, \
             atomic_path(OUT.eval, is_dir=True) as eval_dir, atomic_path(OUT.episodes, is_dir=True) as ep_dir:
         for name, factories, modes in agents(p):
             start = time.perf_counter()
             results: dict = {}  # (env_id, mode) -> one EvalResult per training seed
-            extra: dict = {}  # an LLM agent's compute dtype
             for factory in factories:
                 policy = factory()
                 for env_id in p.eval.env_ids:
@@ -89,11 +89,11 @@ def main() -> None:
                     env.close()
                 if isinstance(policy, LLMBatchPolicy):
                     write_json(ep_dir / f"{policy.name}_prompts.json", policy.records)
-                    extra["dtype"] = policy.agent.llm.dtype_name
+                    dtypes[name] = policy.agent.llm.dtype_name
                 del policy
             for env_id in p.eval.env_ids:
                 entry = {mode: headline_of_results(results[env_id, mode]) for mode in modes}
-                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry, **extra))
+                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry))
                 for mode, h in entry.items():
                     rows.append({"agent": f"{name} ({mode})", "level": env_id, "success_rate": h["success"],
                                  "ci_low": h["success_lo"], "ci_high": h["success_hi"]})
@@ -102,7 +102,9 @@ def main() -> None:
             timing[name] = round(time.perf_counter() - start, 1)
         live.log_plot("success_by_agent", rows, x="success_rate", y="agent", template="bar_horizontal",
                       title="GLAM agents: success rate")
-        write_json(ep_dir / "protocol.json", {**protocol, "seconds": timing})
+        write_json(ep_dir / "protocol.json", {**protocol, "seconds": timing, "dtype": dtypes,
+                                              "env": fingerprint_line()})
+
 
 if __name__ == "__main__":
     main()

@@ -5,14 +5,9 @@ synonyms, invented nouns / adjectives / both, rephrased goals, renamed actions, 
 untransformed reference. Same seeds for every test, so differences come from the text alone. An agent
 variant's ``episodes`` are split over its training seeds (each runs ceil(episodes / seeds)). Headline per test
 and agent in metrics/glam/generalisation/<test>/<agent>.json (training seeds of a variant pooled as seeds);
-the first prompts of each test under metrics/glam/generalisation_prompts/ (a plain out).
+the first prompts of each test and the protocol (each agent's compute dtype, the environment line) under
+metrics/glam/generalisation_prompts/ (a plain out).
 """
-
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
 
 import math
 
@@ -20,21 +15,25 @@ import torch
 
 from llmrl.agents.llm_policy import LLMBatchPolicy, load_agent
 from llmrl.config.glam import GlamParams
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.envs.babyai_text.languages import VARIANTS
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
 from llmrl.files import atomic_path, write_json
+from llmrl.fingerprint import fingerprint_line
+from stages import paths
+from stages.common import log, open_live, stage_arguments, stage_params
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("glam_generalisation", argv)
     p = stage_params("glam", GlamParams)
     g = p.generalisation
     unknown = [t for t in g.tests if t not in VARIANTS]
     if unknown:
         raise SystemExit(f"glam.generalisation.tests: unknown {unknown}; known: {sorted(VARIANTS)}")
     torch.set_num_threads(p.threads)
-    rows = []
+    rows, dtypes = [], {}
     agents = {f"glam_{v}": [(f"{v}-{s}", paths.glam_train(f"{v}-{s}").model) for s in p.train.seeds]
               for v in p.train.variants}
     if g.include_bc:
@@ -53,17 +52,20 @@ def main() -> None:
                     results[test].append(evaluate_batched(policy, lambda test=test: make_env(g.env_id, variant=test),
                                                           seeds, mode=g.mode, max_steps=g.max_steps, n_envs=g.batch))
                     write_json(prompt_dir / f"{item}_{test}.json", [r["prompt"] for r in policy.records])
-                dtype = agent.llm.dtype_name
+                dtypes[name] = agent.llm.dtype_name
                 del agent
             for test in g.tests:
                 h = headline_of_results(results[test])
-                write_json(gen_dir / test / f"{name}.json", metrics_entry({g.mode: h}, dtype=dtype))
+                write_json(gen_dir / test / f"{name}.json", metrics_entry({g.mode: h}))
                 rows.append({"test": f"{name}: {test}", "success_rate": h["success"], "ci_low": h["success_lo"],
                              "ci_high": h["success_hi"]})
                 log.info("%s %s: success %.3f [%.3f, %.3f]", name, test, h["success"], h["success_lo"],
                          h["success_hi"])
         live.log_plot("success_by_test", rows, x="success_rate", y="test", template="bar_horizontal",
                       title="GLAM generalisation tests")
+        write_json(prompt_dir / "protocol.json", {"episodes": g.episodes, "mode": g.mode, "dtype": dtypes,
+                                                  "env": fingerprint_line()})
+
 
 if __name__ == "__main__":
     main()

@@ -1,11 +1,5 @@
 """Stage glam_symbolic: the Symbolic-PPO baseline (the project's PPO, MLP on the grid + mission words)."""
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import json
 import time
 from pathlib import Path
@@ -15,13 +9,17 @@ from gymnasium.wrappers import TimeLimit
 
 from llmrl.algos.symbolic_ppo import train_symbolic
 from llmrl.config.glam import GlamParams
-from llmrl.envs import make_env
-from llmrl.files import atomic_path, save_torch, write_json
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
+from llmrl.files import atomic_path, save_torch, write_checksums, write_json
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
 
 OUT = paths.glam_symbolic()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("glam_symbolic", argv)
     p = stage_params("glam", GlamParams)
     s = p.symbolic
     torch.set_num_threads(p.threads)
@@ -42,12 +40,14 @@ def main() -> None:
             log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("success_rate"))
         (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
                                                          "cfg": cfg.model_dump()}, indent=2))
+        write_checksums(tmp)  # glam_eval checks each model.pt against it
     mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
     write_json(OUT.metrics,
                {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),
                 "success_rate": mean("success_rate"), "return_mean": mean("return_mean"),
                 "policy_loss": mean("policy_loss"), "value_loss": mean("value_loss"),
                 "entropy": mean("entropy"), "seconds": round(time.perf_counter() - start, 1)})
+
 
 if __name__ == "__main__":
     main()

@@ -6,21 +6,13 @@ the base model's content, the source of every project module loaded). A restarte
 of the same run, ending with the metrics of an uninterrupted run; any other checkpoint is discarded with a log line.
 The checkpoint is removed once the outputs are written.
 
-Several devices: ``accelerate launch --multi_gpu --num_processes N stages/glam_train.py <item>`` trains with DDP
+Several devices: ``accelerate launch --multi_gpu --num_processes N -m stages.glam_train <item>`` trains with DDP
 (without CUDA on CPU over gloo; ``--cpu`` would start one process). Every process collects the same rollouts and
 trains on its 1/N share of each minibatch (``llmrl.algos.ppo_llm``); the main process writes the outputs, and such
 a run keeps no restart point.
 """
 
-from common import ROOT, log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-from paths import RESUME  # isort: skip
-
-import os
-import sys
+import argparse
 import time
 
 import torch
@@ -29,13 +21,21 @@ from llmrl.agents.llm_policy import build_agent, save_agent
 from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import project_sources, run_identity
 from llmrl.config.glam import GlamParams
-from llmrl.envs import make_env
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
 from llmrl.files import write_json
+from stages import paths
+from stages.common import log, open_live, stage_params
+from stages.launch import launched
+from stages.paths import RESUME, ROOT
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stages.glam_train")
+    parser.add_argument("item", nargs="?", help="<variant>-<seed> of glam.train.variants x seeds (default: the first)")
+    args = parser.parse_args(argv)
     p = stage_params("glam", GlamParams)
-    item = sys.argv[1] if len(sys.argv) > 1 else f"{p.train.variants[0]}-{p.train.seeds[0]}"
+    item = args.item or f"{p.train.variants[0]}-{p.train.seeds[0]}"
     variant, _, seed_s = item.rpartition("-")
     if variant not in p.train.variants or not seed_s.isdigit() or int(seed_s) not in p.train.seeds:
         raise SystemExit(f"glam_train: item {item!r} is not <variant>-<seed> of glam.train.variants x seeds")
@@ -46,12 +46,9 @@ def main() -> None:
     build = {"model": p.model, "variant": variant, "lora_r": p.lora.r, "lora_alpha": p.lora.alpha,
              "lora_dropout": p.lora.dropout, "lora_layers": p.lora.layers, "temperature": p.policy.temperature,
              "length_norm": p.policy.length_norm, "dtype": p.dtype, "seed": seed}
-    accelerator = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by `accelerate launch --num_processes N`
-        from accelerate import Accelerator
-
-        accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    agent = build_agent(**build, device=str(accelerator.device) if accelerator is not None else None)
+    launch = launched()
+    accelerator = launch.accelerator
+    agent = build_agent(**build, device=launch.device)
     model_dir = ROOT / p.model
     identity = run_identity({"cfg": t.ppo().model_dump(), "history": p.policy.history, "seed": seed, "build": build,
                              "env_id": t.env_id},
@@ -64,12 +61,12 @@ def main() -> None:
                      checkpoint=checkpoint if accelerator is None else None, identity=identity,
                      accelerator=accelerator):
         rows.append(row)
-        if accelerator is not None and not accelerator.is_main_process:
+        if not launch.is_main:
             continue
         log.info("update %d%s: success %.3f entropy %.3f loss %.4f fps %.2f", row["iteration"],
                  " (restored)" if row.get("resumed") else "", row["success_rate"], row["entropy"], row["loss"],
                  row["fps"])
-    if accelerator is not None and not accelerator.is_main_process:
+    if not launch.is_main:
         return
     save_agent(agent, out.model,
                {"build": build, "history": p.policy.history, "env_id": t.env_id, "updates": t.updates})

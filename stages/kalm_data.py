@@ -1,16 +1,12 @@
 """Stage kalm_data: expert episodes on KALM's training goals and the frozen instruction embeddings.
 
-Writes data/kalm/real/<benchmark>.h5 (train-split goals only; layout in llmrl.data.kalm_data), data/kalm/real/embeddings.npz
+Writes data/kalm/real/<benchmark>.h5 (train-split goals only, from train initial states; layout in
+llmrl.envs.kalm_episodes), data/kalm/real/<benchmark>_validation.h5 (validation phrasings of the training tasks, from
+validation initial states: the grounding's held-out set), data/kalm/real/embeddings.npz
 (every goal's instruction on both benchmarks, all splits: a cache of a frozen function, not training data), and
 metrics/kalm/data.json (episodes, steps, expert success, agreement of the observation success rule with each env's
 own success on the training data and on a few expert episodes per test task, time).
 """
-
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
 
 import time
 
@@ -27,11 +23,14 @@ from llmrl.files import atomic_path, write_json
 from llmrl.llm.embed import build_table
 from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
 
 OUT = paths.kalm_data().real
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("kalm_data", argv)
     p = stage_params("kalm.data", KalmDataParams)
     env_p = stage_params("kalm.env", KalmEnvParams)
     seed_everything(p.seed)
@@ -41,6 +40,9 @@ def main() -> None:
             start = time.perf_counter()
             n_per_task = p.metaworld_episodes_per_task if benchmark == "metaworld" else p.babyai_episodes_per_task
             train_goals = kl.goals(benchmark, "train")
+            kl.check_seed_range("train", p.seed, n_per_task, "kalm.data.seed")
+            kl.check_seed_range("validation", p.validation_seed, p.validation_episodes_per_task,
+                                "kalm.data.validation_seed")
             settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
             episodes = []
             with TrajectoryWriter(out / f"{benchmark}.h5") as writer:
@@ -49,6 +51,11 @@ def main() -> None:
                                desc=f"kalm_data {benchmark}", total=n_per_task * len({g.task for g in train_goals})):
                     writer.append(ep)
                     episodes.append(ep)
+            with TrajectoryWriter(out / f"{benchmark}_validation.h5") as writer:
+                validation = list(expert_episodes(benchmark, kl.goals(benchmark, "validation"),
+                                                  p.validation_episodes_per_task, seed=p.validation_seed,
+                                                  settings=settings, action_noise=p.action_noise))
+                writer.extend(validation)
             seconds = time.perf_counter() - start
             test_eps = []
             if p.agreement_test_episodes:
@@ -57,7 +64,7 @@ def main() -> None:
                                                 settings=settings, action_noise=p.action_noise))
             steps = int(sum(len(e) for e in episodes))
             metrics[benchmark] = {
-                "episodes": len(episodes), "steps": steps,
+                "episodes": len(episodes), "steps": steps, "validation_episodes": len(validation),
                 "expert_success": round(float(np.mean([e.info["success"] for e in episodes])), 4),
                 "rule_success": round(float(np.mean([e.info["rule_success"] for e in episodes])), 4),
                 "rule_agreement_train": rule_agreement(episodes)["agreement"],

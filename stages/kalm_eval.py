@@ -5,31 +5,28 @@ a uniform random policy, and — when KALM-B's llmrl/agents/grounded_policy.py a
 grounded LLM acting through its action head. Greedy evaluation. The two benchmarks run in parallel processes
 (kalm.eval.workers). Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
 
-Writes metrics/kalm/headline.json (headline: each row's success averaged over the three levels — a few numbers per agent),
-metrics/kalm/eval/table.json (per row and level: success, seed-level interval, per-seed values, episodes; plain
-out), metrics/kalm/eval/episodes.json (per-episode outcomes; plain out) and a dvclive bar plot.
+Writes metrics/kalm/success/<benchmark>/<row>.json (headline: the row's success per level and the mean over
+levels), metrics/kalm/eval/table.json (per row and level: success, seed-level interval, per-seed values, episodes,
+success per goal; the budget, the time and the environment line; plain out), metrics/kalm/eval/episodes.json
+(per-episode outcomes; plain out) and a dvclive bar plot.
 """
-
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
 
 import importlib.util
 import logging
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-
 from llmrl.config.kalm import KalmEnvParams, KalmEvalParams, KalmOfflineParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.envs.kalm_levels import EnvSettings
+from llmrl.eval.headline import metrics_entry
 from llmrl.eval.kalm import evaluate_benchmark
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
+from stages import paths
+from stages.common import log, open_live, stage_arguments, stage_params
 
-GROUNDED_MODEL = paths.kalm_ground().model
+GROUNDED_MODEL = paths.kalm_grounded_models()
 OUT = paths.kalm_eval()
 
 
@@ -57,12 +54,13 @@ def run_benchmark(benchmark: str) -> dict:
     return evaluate_benchmark(
         benchmark, offline_runs=runs, table=EmbeddingTable.load(paths.kalm_data().real / "embeddings.npz"),
         levels=p.levels, settings=EnvSettings.for_benchmark(env_p, benchmark),
-        episodes=p.metaworld_episodes if benchmark == "metaworld" else p.babyai_episodes, first_seed=p.seed,
-        random_seeds=p.random_seeds, confidence=p.confidence, grounded=agent, grounded_episodes=p.grounded_episodes,
-        threads=p.threads)
+        episodes=p.metaworld_episodes if benchmark == "metaworld" else p.babyai_episodes,
+        first_seed=p.seed, random_seeds=p.random_seeds, confidence=p.confidence, grounded=agent,
+        grounded_episodes=p.grounded_episodes, threads=p.threads)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("kalm_eval", argv)
     p = stage_params("kalm.eval", KalmEvalParams)
     off = stage_params("kalm.offline", KalmOfflineParams)
     benchmarks = sorted({a.benchmark for a in off.algos.values()})
@@ -70,16 +68,19 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=min(p.workers, len(benchmarks))) as pool:
         results = dict(zip(benchmarks, pool.map(run_benchmark, benchmarks)))
     seconds = time.perf_counter() - start
-    budget = {"babyai_episodes_per_level_seed": p.babyai_episodes,
-              "metaworld_episodes_per_level_seed": p.metaworld_episodes, "seconds": round(seconds, 1),
+    budget = {"babyai_episodes_per_level_and_seed_at_least": p.babyai_episodes,
+              "metaworld_episodes_per_level_and_seed_at_least": p.metaworld_episodes, "seconds": round(seconds, 1),
               "seconds_per_benchmark": {b: r["seconds"] for b, r in results.items()}}
     rows = [row for r in results.values() for row in r["rows"]]
     with atomic_path(OUT.eval, is_dir=True) as out:
         write_json(out / "table.json", {"rows": rows, "budget": budget, "levels": p.levels,
-                                        "grounded_llm": any("grounded-llm" in r["headline"] for r in results.values())})
+                                        "grounded_llm": any("grounded-llm" in r["headline"] for r in results.values()),
+                                        "env": fingerprint_line()})
         write_json(out / "episodes.json", [e for r in results.values() for e in r["episodes"]])
-    write_json(OUT.headline, {"success_mean_over_levels": {b: r["headline"] for b, r in results.items()},
-                                                "seconds": round(seconds, 1), "env": fingerprint_line()})
+    with atomic_path(OUT.success, is_dir=True) as out:  # one file per benchmark and row: a row of dvc metrics show
+        for benchmark, r in results.items():
+            for row, success in r["headline"].items():
+                write_json(out / benchmark / f"{row}.json", metrics_entry(success))
     with open_live(OUT.live) as live:
         live.log_plot("success_by_policy", [{"policy": f"{r['benchmark']} {r['level']}: {r['row']}",
                                              "success_rate": r["value"]} for r in rows],

@@ -1,7 +1,7 @@
 """Stage kalm_offline@<algo>-<data>: d3rlpy runs on real or real + imagined KALM data, one per seed of
 kalm.offline.seeds, ``kalm.offline.workers`` at a time (each alone in a single-threaded process).
 
-Usage: python stages/kalm_offline.py <algo> <real|imagine>, <algo> a key of kalm.offline.algos.
+Usage: python -m stages.kalm_offline <algo> <real|imagine>, <algo> a key of kalm.offline.algos.
 Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also
 data/kalm/imagine/<benchmark>_<level>.h5 for each of kalm.offline.imagined_levels. Writes, per seed k,
 models/kalm/offline/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; train.json: curve, mix,
@@ -9,18 +9,11 @@ time) and a dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; t
 together.
 """
 
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import functools
-import sys
 import time
 from pathlib import Path
 
-
+from llmrl.agents.offline_policy import save_learnable
 from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes, train_offline
 from llmrl.config.kalm import KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
@@ -28,6 +21,8 @@ from llmrl.fingerprint import fingerprint_line
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.files import write_json
 from llmrl.parallel import run_seeds_into
+from stages import paths
+from stages.common import log, open_live, stage_arguments, stage_params
 
 REAL = paths.kalm_data().real
 
@@ -69,7 +64,7 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     seconds = time.perf_counter() - start
     out = models / f"seed-{seed}"
     out.mkdir(parents=True)
-    learnable.save(str(out / "model.d3"))
+    save_learnable(learnable, out / "model.d3")  # with its folder's checksums, checked by OfflinePolicy.load
     write_json(out / "train.json", {
         "algo": algo.algo, "benchmark": algo.benchmark, "data": data, "seed": seed, "steps": algo.steps,
         "transitions": dataset.transition_count, "episodes": len(episodes), "mix": mix,
@@ -78,15 +73,14 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     log.info("%s: %d updates in %.1fs (%.0f/s)", run, algo.steps, seconds, algo.steps / seconds)
 
 
-def main() -> None:
-    if len(sys.argv) != 3:
-        sys.exit("usage: kalm_offline.py <algo> <real|imagine>")
-    name, data = sys.argv[1], sys.argv[2]
+def main(argv: list[str] | None = None) -> None:
+    args = stage_arguments("kalm_offline", argv, algo="a key of kalm.offline.algos", data="real or imagine")
+    name, data = args.algo, args.data
     p = stage_params("kalm.offline", KalmOfflineParams)
     if name not in p.algos:
-        sys.exit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
+        raise SystemExit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
     if data not in p.data:
-        sys.exit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
+        raise SystemExit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
     run_seeds_into(dict(paths.kalm_offline(name, data)), functools.partial(run_seed, name, data), p.seeds, p.workers)
 
 

@@ -7,10 +7,6 @@ and evaluation open it offline, so they never load a model, and a missing reply 
 
 from __future__ import annotations
 
-from common import model_spec  # isort: skip
-import paths  # isort: skip
-
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -31,12 +27,19 @@ from llmrl.agents.teacher import (
 from llmrl.config.llm4teach import LLM4TeachTeacherParams
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import ENV_ID as MPE_ID
-from llmrl.files import write_json
+from llmrl.files import read_json, write_json
 from llmrl.parallel import run_seeds_into
 from llmrl.llm.backends import CachedBackend, LazyBackend, ReplyCache, SharedPromptBackend
+from llmrl.llm.faults import FaultGuard, GuardedBackend
 from llmrl.llm.generate import SamplingConfig
+from stages import paths
+from stages.common import model_spec
 
 MPE_KEY = "simple_spread"
+# Torch's intra-op threads of the training and evaluation stages: these small networks and the 135M planner gain
+# nothing from a second thread, and on a busy 2-core machine the threads' spin-waiting made the planner ~3x slower
+# (measured).
+THREADS = 1
 
 
 def env_id(key: str) -> str:
@@ -47,7 +50,7 @@ def task_kind(key: str) -> TaskKind:
     return ENV_KIND[env_id(key)]
 
 
-def _backend_factory(p: LLM4TeachTeacherParams):
+def _backend_factory(p: LLM4TeachTeacherParams, guard: FaultGuard):
     if p.backend == "openai":
         from llmrl.llm.backends import openai_backend
         from llmrl.llm.load import load_tokenizer
@@ -55,7 +58,7 @@ def _backend_factory(p: LLM4TeachTeacherParams):
         def remote():
             tokenizer = load_tokenizer(model_spec(p.spec)) if p.openai_api == "completions" else None
             return openai_backend(p.openai_api, p.openai_model, p.openai_base_url, tokenizer=tokenizer,
-                                  api_key_env=p.api_key_env, timeout_s=p.timeout_s, max_retries=p.max_retries)
+                                  api_key_env=p.api_key_env, guard=guard)
 
         # The endpoint's URL is not part of the identity (nor of the reply-cache keys): the same model behind
         # another spelling of the URL replays the same cache.
@@ -77,9 +80,11 @@ def scores_file(key: str) -> Path:
     return paths.llm4teach_plans().plans / f"{key}-score.json"
 
 
-def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: bool) -> Planner:
+def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: bool,
+                 guard: FaultGuard | None = None) -> Planner:
     """The planner of a teacher kind. ``llm_score`` scores plans with the local model when planning (``offline``
-    False) and replays the stored distributions otherwise; ``llm`` replays or fills the reply cache."""
+    False) and replays the stored distributions otherwise; ``llm`` replays or fills the reply cache, its requests
+    under ``guard`` (the planning stage's fault policy; by default one of ``p.faults``)."""
     kind = task_kind(key)
     if teacher == "oracle":
         return OraclePlanner(kind)
@@ -91,12 +96,13 @@ def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: 
             from llmrl.llm.load import load_model
 
             return ScoringPlanner(kind, load_model(model_spec(p.spec), dtype=p.dtype), answer_prefix=p.answer_prefix)
-        stored = json.loads(scores_file(key).read_text())["records"]
+        stored = read_json(scores_file(key))["records"]
         return TablePlanner(kind, {r["text"]: PlanDistribution.from_dict(r["distribution"]) for r in stored},
                             "llm_score")
-    model_id, factory = _backend_factory(p)
-    backend = CachedBackend(LazyBackend(model_id, factory), ReplyCache(paths.llm4teach_plans().replies),
-                            offline=offline)
+    guard = guard or FaultGuard(p.faults, "llm4teach.teacher.faults")
+    model_id, factory = _backend_factory(p, guard)
+    backend = CachedBackend(GuardedBackend(LazyBackend(model_id, factory), guard),
+                            ReplyCache(paths.llm4teach_plans().replies), offline=offline)
     sampling = SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                               stop=tuple(p.stop), seed=p.seed)
     return LLMPlanner(kind, backend, n_ask=p.n_ask, sampling=sampling, answer_prefix=p.answer_prefix,

@@ -4,39 +4,34 @@ teachers alone and a random policy, on the held-out test levels; seeds as the un
 Writes one headline file per agent, metrics/llm4teach/eval/<env>/<agent>.json (success and return with seed-level
 intervals, greedy and sampled apart, AULC, ``beats_random``; MPE: return only), the result check
 metrics/llm4teach/result/<env>.json (``met_oracle``, ``met_llm``), the full report with per-seed values, budgets and
-planner statistics metrics/llm4teach/report.json and per-episode tables under metrics/llm4teach/episodes/ (plain outs),
+planner statistics and the environment line metrics/llm4teach/report.json and per-episode tables under metrics/llm4teach/episodes/ (plain outs),
 and a dvclive bar plot of greedy success (MPE: mean return).
 """
 
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
-# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
-prepare_stage_process(torch_threads=1)
-
-from llm4teach_common import MPE_KEY, env_id, item_outputs, make_teacher, student_file, \
-    train_record_file  # isort: skip
-import paths  # isort: skip
-
-import json
-
 import numpy as np
+import torch
 
-from llmrl.agents import RandomPolicy
+from llmrl.agents.baselines import RandomPolicy
 from llmrl.agents.student import StudentPolicy, load_student
 from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
 from llmrl.config.llm4teach import LLM4TeachParams
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.envs.mpe import N_ACTIONS as MPE_ACTIONS
-from llmrl.eval import aggregate_seeds, evaluate
+from llmrl.eval.harness import evaluate
+from llmrl.eval.seeds import aggregate_seeds
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
 from llmrl.eval.llm4teach import beats_random, result_check, return_headline
-from llmrl.files import atomic_path, write_json
+from llmrl.files import atomic_path, read_json, write_json
+from llmrl.fingerprint import fingerprint_line
+from stages import paths
+from stages.common import log, open_live, stage_arguments, stage_params
+from stages.llm4teach_common import (MPE_KEY, THREADS, env_id, item_outputs, make_teacher, student_file,
+                                     train_record_file)
 
 
 def train_record(item: paths.Outputs, seed: int) -> dict:
-    return json.loads(train_record_file(item.records, seed).read_text())
+    return read_json(train_record_file(item.records, seed))
 
 
 def successes(results) -> list[list[float]]:
@@ -141,7 +136,9 @@ def eval_mpe(p: LLM4TeachParams, eval_dir, rows: list[dict]) -> dict:
     return report
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("llm4teach_eval", argv)
+    torch.set_num_threads(THREADS)
     p = stage_params("llm4teach", LLM4TeachParams)
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     rows: list[dict] = []
@@ -152,7 +149,8 @@ def main() -> None:
                                  "selection": p.validation.selection,
                                  "interval": "95% hierarchical bootstrap over seeds, then episodes "
                                              "(llmrl.eval.seeds.aggregate_seeds)",
-                                 "beats_random": "the seed-level interval's low end above random's figure"}}
+                                 "beats_random": "the seed-level interval's low end above random's figure"},
+                    "env": fingerprint_line()}
     out = paths.llm4teach_eval()
     with atomic_path(out.eval, is_dir=True) as eval_dir, atomic_path(out.episodes, is_dir=True) as episodes_dir, \
             atomic_path(out.result, is_dir=True) as result_dir:
@@ -162,7 +160,7 @@ def main() -> None:
             report["mpe"] = eval_mpe(p, eval_dir, rows)
     plans = paths.llm4teach_plans().metrics
     if plans.is_dir():
-        report["llm_planner"] = {f.stem: json.loads(f.read_text()) for f in sorted(plans.glob("*.json"))}
+        report["llm_planner"] = {f.stem: read_json(f) for f in sorted(plans.glob("*.json"))}
     with open_live(out.live) as live:
         live.log_plot("success_by_policy", rows, x="success_rate", y="policy", template="bar_horizontal",
                       title="LLM4Teach: greedy success, mean over seeds (MPE: mean return)")

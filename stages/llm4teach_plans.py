@@ -11,31 +11,26 @@ data/llm4teach/plans/<task>-score.json (prompts, plans, log-probs, distributions
 metrics/llm4teach/plans/<task>-score.json (the mean probability given to the oracle's plan).
 """
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
-# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
-prepare_stage_process(torch_threads=1)
-
-from llm4teach_common import MPE_KEY, make_planner, scores_file, task_kind  # isort: skip
-import paths  # isort: skip
-
 import time
 
 import torch
-
 from tqdm.auto import tqdm
 
 from llmrl.agents.teacher import observation_texts, oracle_plan, plan_texts
 from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
+from llmrl.llm.faults import FaultGuard
 from llmrl.llm.load import default_device_dtype, dtype_name
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
+from stages.llm4teach_common import MPE_KEY, make_planner, scores_file, task_kind
 
 OUT = paths.llm4teach_plans()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("llm4teach_plans", argv)
     p = stage_params("llm4teach", LLM4TeachParams)
     torch.set_num_threads(p.teacher.threads)
     # The local model's compute dtype as load_model resolves it (an endpoint's is the server's business).
@@ -43,14 +38,15 @@ def main() -> None:
     dtype = {"dtype": dtype_name(default_device_dtype(None, p.teacher.dtype)[1])} if local else {}
     keys = list(p.train.envs) if "llm" in p.train.teachers else []
     keys += [MPE_KEY] if "llm" in p.mpe.teachers else []
+    # One fault policy for the whole pass, every task's requests together.
+    guard = FaultGuard(p.teacher.faults, "llm4teach.teacher.faults")
     with atomic_path(OUT.plans, is_dir=True) as plans_dir, atomic_path(OUT.metrics, is_dir=True) as head_dir:
         for key in keys:
             kind = task_kind(key)
-            planner = make_planner(key, "llm", p.teacher, offline=False)
+            planner = make_planner(key, "llm", p.teacher, offline=False, guard=guard)
             start = time.perf_counter()
             per_text = {}
-            dists = plan_texts(planner, tqdm(observation_texts(kind), desc=f"plans {key}"),
-                               max_error_rate=p.teacher.max_error_rate, deadline_s=p.teacher.deadline_s)
+            dists = plan_texts(planner, tqdm(observation_texts(kind), desc=f"plans {key}"), guard)
             for text, dist in dists.items():
                 oracle = oracle_plan(kind, text)
                 plans = dict(zip(dist.plans, dist.probs))
@@ -63,7 +59,8 @@ def main() -> None:
                         **dtype, "env": fingerprint_line()}
             detail = {**stats, "seconds": round(time.perf_counter() - start, 1),
                       "cache_hits": planner.backend.stats.hits, "cache_misses": planner.backend.stats.misses,
-                      "model_loaded": planner.backend.backend.loaded, "mean_p_oracle_plan": mean_p_oracle,
+                      "cache_damaged": list(planner.backend.stats.damaged),
+                      "model_loaded": planner.backend.backend.backend.loaded, "mean_p_oracle_plan": mean_p_oracle,
                       "texts_detail": per_text}
             write_json(plans_dir / f"{key}.json", {"model_id": planner.backend.model_id, "stats": detail,
                                                    "records": planner.records})

@@ -1,35 +1,30 @@
 """Stage llm4teach_train@<env>-<teacher>: PPO students on a DoorKey-family task, with an LLM teacher, the oracle
 teacher, or none (pure PPO), for the same frame budget, one per seed of ``llm4teach.train.seeds``.
 
-Usage: python stages/llm4teach_train.py <env> <llm|oracle|none>
+Usage: python -m stages.llm4teach_train <env> <llm|oracle|none>
 The seeds train ``llm4teach.workers`` at a time, each alone in a single-threaded process. Writes, per seed k,
 models/llm4teach/<env>-<teacher>/seed-k/student.pt (state_dict + config), metrics/llm4teach/train/<env>-<teacher>/seed-k.json
 (the learning curve of greedy success on the curve levels, its area (AULC), the teacher's text and LLM reply
 statistics) and dvclive curves under plots/llm4teach/train/<env>-<teacher>/seed-k/.
 """
 
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
-# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
-prepare_stage_process(torch_threads=1)
-
-from llm4teach_common import (env_id, item_outputs, log_iteration, make_teacher, save_run,  # isort: skip
-                          teacher_record, train_group)
-
 import functools
-import sys
 import time
 from pathlib import Path
 
+import torch
 
 from llmrl.algos.llm4teach_runs import train_grid_student
 from llmrl.config.llm4teach import LLM4TeachParams
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.eval.curves import aulc, grid_curve_measure
+from stages.common import log, open_live, stage_arguments, stage_params
+from stages.llm4teach_common import (THREADS, env_id, item_outputs, log_iteration, make_teacher, save_run,
+                                     teacher_record, train_group)
 
 
 def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
+    torch.set_num_threads(THREADS)  # also in a worker process of its own (llmrl.parallel)
     p = stage_params("llm4teach", LLM4TeachParams)
     t = p.train
     run = f"{key}-{teacher_kind}-{seed}"
@@ -64,7 +59,11 @@ def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: P
              seconds, metrics["final_distill_coef"], metrics["curve_success_final"], metrics["aulc"])
 
 
-def main(key: str, teacher_kind: str) -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = stage_arguments("llm4teach_train", argv, env="a key of llm4teach.train.envs",
+                           teacher="one of llm4teach.train.teachers (none: pure PPO)")
+    key, teacher_kind = args.env, args.teacher
+    torch.set_num_threads(THREADS)
     p = stage_params("llm4teach", LLM4TeachParams)
     if key not in p.train.envs or teacher_kind not in p.train.teachers:
         raise SystemExit(f"llm4teach_train: {key}-{teacher_kind} is not in llm4teach.train envs/teachers")
@@ -73,6 +72,4 @@ def main(key: str, teacher_kind: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: llm4teach_train.py <env> <llm|oracle|none>")
-    main(sys.argv[1], sys.argv[2])
+    main()

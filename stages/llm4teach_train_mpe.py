@@ -2,31 +2,27 @@
 teacher, or none (pure MAPPO with a centralised critic), for the same frame budget, one per seed of
 ``llm4teach.mpe.seeds`` (``llm4teach.workers`` at a time, each alone in a single-threaded process).
 
-Usage: python stages/llm4teach_train_mpe.py <llm|oracle|none>
+Usage: python -m stages.llm4teach_train_mpe <llm|oracle|none>
 Writes, per seed k, models/llm4teach/mpe-<teacher>/seed-k/student.pt, metrics/llm4teach/train/mpe-<teacher>/seed-k.json
 and dvclive curves under plots/llm4teach/train/mpe-<teacher>/seed-k/.
 """
 
-from common import log, open_live, prepare_stage_process, stage_params  # isort: skip
-
-# One intra-op thread: these small networks and the 135M planner gain nothing from a second thread, and on a
-# busy 2-core machine the threads' spin-waiting made the planner ~3x slower (measured).
-prepare_stage_process(torch_threads=1)
-
-from llm4teach_common import (MPE_KEY, item_outputs, log_iteration, make_teacher, save_run,  # isort: skip
-                          teacher_record, train_group)
-
 import functools
-import sys
 import time
 from pathlib import Path
+
+import torch
 
 from llmrl.algos.llm4teach_runs import train_spread_student
 from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.envs.mpe import N_ACTIONS
+from stages.common import log, open_live, stage_arguments, stage_params
+from stages.llm4teach_common import (MPE_KEY, THREADS, item_outputs, log_iteration, make_teacher, save_run,
+                                     teacher_record, train_group)
 
 
 def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
+    torch.set_num_threads(THREADS)  # also in a worker process of its own (llmrl.parallel)
     p = stage_params("llm4teach", LLM4TeachParams)
     m = p.mpe
     run = f"mpe-{teacher_kind}-{seed}"
@@ -51,7 +47,10 @@ def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots
              metrics["train_return_first"], metrics["train_return_last"])
 
 
-def main(teacher_kind: str) -> None:
+def main(argv: list[str] | None = None) -> None:
+    teacher_kind = stage_arguments("llm4teach_train_mpe", argv,
+                                   teacher="one of llm4teach.mpe.teachers (none: pure MAPPO)").teacher
+    torch.set_num_threads(THREADS)
     p = stage_params("llm4teach", LLM4TeachParams)
     if teacher_kind not in p.mpe.teachers:
         raise SystemExit(f"llm4teach_train_mpe: {teacher_kind} is not in llm4teach.mpe.teachers")
@@ -60,6 +59,4 @@ def main(teacher_kind: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: llm4teach_train_mpe.py <llm|oracle|none>")
-    main(sys.argv[1])
+    main()

@@ -2,22 +2,31 @@
 
 Every stage writes under ``<kind>/<method>/`` (kind: data, models, metrics, plots; method: the names of the
 params sections, see README "Layout"). Each stage has a function here, named like the stage and taking the
-arguments of its ``cmd`` in dvc.yaml, that returns its outputs by role; the stage script writes there, and a stage
+arguments of its ``cmd`` in dvc.yaml, that returns its outputs by role; the stage module writes there, and a stage
 reading another's results asks that stage's function (``glam_symbolic().model``). dvc.yaml declares the same paths
 as the stage's outs, metrics and plots, which DVC needs spelled out; tests/test_stage_paths.py resolves every
 stage of dvc.yaml (foreach items included) and checks that its declared outputs and this module's agree both ways,
-and that no stage script spells a folder or reaches into the method folders itself.
+and that no stage module spells a folder or reaches into the method folders itself.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("data", "models", "metrics", "plots")
+# The tier whose pipeline runs this stage: the default pipeline (dvc.yaml) writes under the repository root, the
+# study pipeline (study/dvc.yaml, LLMRL_TIER=study; pipelines/tiers.py) under study/, with study/params.yaml.
+TIERS = ("default", "study")
+TIER = os.environ.get("LLMRL_TIER", "default")
+if TIER not in TIERS:
+    raise SystemExit(f"LLMRL_TIER={TIER!r}: known tiers with a pipeline of their own are {list(TIERS)}")
+OUT = ROOT if TIER == "default" else ROOT / TIER
+PARAMS = OUT / "params.yaml"
 CACHE = ROOT / ".cache"  # library caches (HF, Prefect, matplotlib, ...): ignored by git and DVC
-RESUME = CACHE / "resume"  # restart points of long trainings: scratch, never a DVC out
+RESUME = CACHE / ("resume" if TIER == "default" else f"resume-{TIER}")  # restart points of long trainings
 
 
 @dataclass(frozen=True)
@@ -28,25 +37,26 @@ class Folders:
 
     @property
     def data(self) -> Path:
-        return ROOT / "data" / self.name
+        return OUT / "data" / self.name
 
     @property
     def models(self) -> Path:
-        return ROOT / "models" / self.name
+        return OUT / "models" / self.name
 
     @property
     def metrics(self) -> Path:
-        return ROOT / "metrics" / self.name
+        return OUT / "metrics" / self.name
 
     @property
     def plots(self) -> Path:
-        return ROOT / "plots" / self.name
+        return OUT / "plots" / self.name
 
 
 GLAM, LLM_RL, LLM4TEACH, KALM, PROPS = (Folders(n) for n in ("glam", "llm_rl", "llm4teach", "kalm", "props"))
 BASELINES = Folders("baselines")  # the BabyAI bot and random policy (stage eval_baselines)
 FOLDERS = (GLAM, LLM_RL, LLM4TEACH, KALM, PROPS, BASELINES)
-SHARED = {"base_llm": ROOT / "models" / "base_llm", "demos": ROOT / "data" / "demos", "reports": ROOT / "reports"}
+# The shared stages' outputs are the default pipeline's in every tier; each tier has its own results page.
+SHARED = {"base_llm": ROOT / "models" / "base_llm", "demos": ROOT / "data" / "demos", "reports": OUT / "reports"}
 
 
 class Outputs(dict):
@@ -86,9 +96,11 @@ def llm_rl_data() -> Outputs:
     return Outputs("llm_rl_data", data=LLM_RL.data)
 
 
-def llm_rl_train(variant: str) -> Outputs:
-    return Outputs(f"llm_rl_train@{variant}", model=LLM_RL.models / variant,
-                   metrics=LLM_RL.metrics / f"train_{variant}.json", live=LLM_RL.plots / f"train_{variant}")
+def llm_rl_train(variant: str, seed: int | str) -> Outputs:
+    run = f"seed-{seed}"
+    return Outputs(f"llm_rl_train@{variant}-{seed}", model=LLM_RL.models / variant / run,
+                   metrics=LLM_RL.metrics / "train" / variant / f"{run}.json",
+                   live=LLM_RL.plots / "train" / variant / run)
 
 
 def llm_rl_eval() -> Outputs:
@@ -147,9 +159,14 @@ def kalm_data() -> Outputs:
     return Outputs("kalm_data", real=KALM.data / "real", metrics=KALM.metrics / "data.json")
 
 
-def kalm_ground() -> Outputs:
-    return Outputs("kalm_ground", model=KALM.models / "grounded", plots=KALM.plots / "ground",
-                   metrics=KALM.metrics / "ground.json")
+def kalm_ground(benchmark: str) -> Outputs:
+    return Outputs(f"kalm_ground@{benchmark}", model=KALM.models / "grounded" / benchmark,
+                   plots=KALM.plots / "ground" / benchmark, metrics=KALM.metrics / f"ground_{benchmark}.json")
+
+
+def kalm_grounded_models() -> Path:
+    """The folder of every benchmark's grounded model (kalm_ground@<benchmark> writes one subfolder each)."""
+    return KALM.models / "grounded"
 
 
 def kalm_imagine(benchmark: str, level: str) -> Outputs:
@@ -165,8 +182,7 @@ def kalm_offline(algo: str, data: str) -> Outputs:
 
 
 def kalm_eval() -> Outputs:
-    return Outputs("kalm_eval", eval=KALM.metrics / "eval", headline=KALM.metrics / "headline.json",
-                   live=KALM.plots / "eval")
+    return Outputs("kalm_eval", eval=KALM.metrics / "eval", success=KALM.metrics / "success", live=KALM.plots / "eval")
 
 
 # --- ProPS -------------------------------------------------------------------------------------------------------
@@ -188,6 +204,10 @@ def props_transfer() -> Outputs:
     return Outputs("props_transfer", runs=PROPS.data / "transfer",
                    replies_base=PROPS.data / "replies" / "transfer-base",
                    replies_tuned=PROPS.data / "replies" / "transfer-tuned")
+
+
+def props_quadratic() -> Outputs:
+    return Outputs("props_quadratic", runs=PROPS.data / "quadratic", replies=PROPS.data / "replies" / "quadratic")
 
 
 def props_eval() -> Outputs:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import open_live  # isort: skip
-
 from llmrl.eval.props import mean_curve
+from stages.common import open_live
 
 
 def log_curves(root: Path, runs: list[dict]) -> None:

@@ -1,26 +1,21 @@
 """Stage props_grpo: GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM on scored MountainCarContinuous points.
 
-Reads ``props.space`` (the one parameter range) and ``props.grpo``; the completions continue the assistant turn
-opened with ``props.grpo.answer_prefix`` (the search's opening at the CPU default). Writes the LoRA adapter
+Reads ``props.space`` (the one parameter range), ``props.search.max_episode_steps`` (the task's horizon, the one
+the search runs and states) and ``props.grpo``; the prompts are the search's own chats (its system message
+included) and the completions continue the assistant turn opened with ``props.grpo.answer_prefix`` (the search's
+opening at the CPU default). Writes the LoRA adapter
 ``models/props/grpo`` (byte-stable), ``data/props/grpo/`` (every scored vector with its split, seeds and returns;
 every sampled completion with its prefix and four rewards; the rendered first prompt), ``metrics/props/grpo.json``
 (rewards, the share of replies the search's parser accepts at the first and last step) and dvclive curves under
 ``plots/props/grpo``.
 
-Several devices: ``accelerate launch --multi_gpu --num_processes N stages/props_grpo.py`` runs TRL's GRPO with DDP:
+Several devices: ``accelerate launch --multi_gpu --num_processes N -m stages.props_grpo`` runs TRL's GRPO with DDP:
 each process samples and scores its 1/N of every micro-batch (``llmrl.algos.grpo``); the main process gathers every
 process's completions and writes the outputs.
 """
 
-from common import log, model_spec, open_live, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import contextlib
 import json
-import os
 import tempfile
 import time
 
@@ -28,16 +23,16 @@ import torch
 from datasets import Dataset
 
 from llmrl.algos.grpo import build_grpo_trainer, gather_records, recording, save_adapter, train
-from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, make_reward_funcs, \
-    sample_scored_vectors, split_indices
-from llmrl.algos.props_prompts import PromptSettings
-from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
+from llmrl.algos.props_grpo import RewardSettings, fine_tune_data, make_reward_funcs, training_summary
+from llmrl.config.props import PropsGRPOParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import get_task
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import write_json, write_text
-from llmrl.llm import load_model
-from llmrl.llm.load import render_chat
+from llmrl.llm.load import load_model, render_chat
 from llmrl.seeding import seed_everything
+from stages import paths
+from stages.common import log, model_spec, open_live, stage_arguments, stage_params
+from stages.launch import launched
 
 OUT = paths.props_grpo()
 ADAPTER, DATA, METRICS, PLOTS = OUT.adapter, OUT.data, OUT.metrics, OUT.live
@@ -47,56 +42,37 @@ def jsonl(rows) -> str:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("props_grpo", argv)
     space = stage_params("props.space", PropsSpaceParams)
     p = stage_params("props.grpo", PropsGRPOParams)
+    search = stage_params("props.search", PropsSearchParams)
     seed_everything(p.seed)
     torch.set_num_threads(p.threads)
     t0 = time.perf_counter()
-    task = get_task(p.task)
-
-    # Data: vectors from the one range, scored; 80/20 split; only the train split is trained on.
-    data = sample_scored_vectors(task, p.vectors, p.episodes, low=space.low, high=space.high,
-                                 decimals=space.decimals, seed=p.seed, max_episode_steps=p.max_episode_steps)
-    train_idx, test_idx = split_indices(p.vectors, p.test_fraction, p.seed)
-    settings = PromptSettings(low=space.low, high=space.high, decimals=space.decimals,
-                              step_size=p.step_size or task.step_size,
-                              optimum=task.optimum if p.optimum_hint else None, episodes=p.episodes)
-    rollout_seed_base = (p.seed + 1) * 1_000_000_000  # reward rollouts never reuse a scoring episode's seed
-    records = {split: build_records(task, data, idx, settings, iteration=p.iteration,
-                                    total_iterations=p.total_iterations, rollout_seed_base=rollout_seed_base,
-                                    answer_prefix=p.answer_prefix)
-               for split, idx in (("train", train_idx), ("test", test_idx))}
-    data_s = time.perf_counter() - t0
+    task = get_task(p.task, search.max_episode_steps.get(p.task))  # at the horizon the search runs it
+    data = fine_tune_data(task, p, space)
     log.info("%d vectors scored over %d episodes in %.1f s (mean return %.2f); %d train / %d test prompts",
-             p.vectors, p.episodes, data_s, data.returns.mean(), len(train_idx), len(test_idx))
+             p.vectors, p.episodes, time.perf_counter() - t0, data.vectors.returns.mean(), len(data.train),
+             len(data.test))
 
-    state = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # accelerate launch: TRL's trainer runs DDP over the processes
-        from accelerate import PartialState
-
-        # cpu=True for processes on CPU: without it and without CUDA each process would run alone
-        state = PartialState(cpu=p.device == "cpu" if p.device is not None else not torch.cuda.is_available())
-    main_process = state is None or state.is_main_process
-    spec = model_spec(p.model)
-    llm = load_model(spec, device=str(state.device) if state is not None else p.device,
-                     dtype=p.dtype)  # plain: TRL attaches the adapter
-    n_params = len(records["train"][0]["old_params"])
+    launch = launched(p.device, own_loop=False)  # TRL's trainer runs DDP over the processes itself
+    llm = load_model(model_spec(p.model), device=launch.device, dtype=p.dtype)  # plain: TRL attaches the adapter
+    n_params = len(data.records["train"][0]["old_params"])
     reward_settings = RewardSettings(task=task, n_params=n_params, low=space.low, high=space.high,
-                                     return_floor=p.return_floor, return_span=p.return_span,
-                                     max_episode_steps=p.max_episode_steps)
+                                     return_floor=p.return_floor, return_span=p.return_span)
     rewards = make_reward_funcs(reward_settings)
     completions: list[dict] = []
     rows: list[dict] = []
     ADAPTER.parent.mkdir(parents=True, exist_ok=True)
     t_train = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".props_grpo_trl.", dir=ADAPTER.parent) as trl_dir, \
-            open_live(PLOTS) if main_process else contextlib.nullcontext() as live:
-        run = build_grpo_trainer(llm, Dataset.from_list(records["train"]),
+            open_live(PLOTS) if launch.is_main else contextlib.nullcontext() as live:
+        run = build_grpo_trainer(llm, Dataset.from_list(data.records["train"]),
                                  recording(rewards, completions, keys=("id", "answer_prefix")), p.trainer, trl_dir)
         for row in train(run):
             rows.append(row)
-            if not main_process:
+            if not launch.is_main:
                 continue
             for key, value in row.items():
                 if key != "step":
@@ -107,47 +83,25 @@ def main() -> None:
                      row.get("reward_format_hard", float("nan")), row.get("reward_policy", float("nan")),
                      row.get("reward_improvement", float("nan")), row["loss"])
         train_s = time.perf_counter() - t_train
-        completions = gather_records(completions)
-        if not main_process:
+        completions = gather_records(completions)  # a collective: every process takes part
+        if not launch.is_main:
             return
         save_adapter(run.trainer.model, ADAPTER, base_model=p.model)
 
-    held_out = set(test_idx.tolist())
-    vectors = [{"id": i, "split": "test" if i in held_out else "train",
-                "params": data.params[i].tolist(), "returns": data.returns[i].tolist(),
-                "seeds": data.seeds[i].tolist()} for i in range(p.vectors)]
-    write_text(DATA / "vectors.jsonl", jsonl(vectors))
+    write_text(DATA / "vectors.jsonl", jsonl(data.vector_rows()))
     write_text(DATA / "completions.jsonl", jsonl(completions))
-    write_text(DATA / "test_prompts.jsonl", jsonl(records["test"]))
-    write_text(DATA / "prompt_example.txt", render_chat(llm.tokenizer, records["train"][0]["prompt"]))
-
-    def first_last(key: str) -> list[float | None]:
-        values = [r[key] for r in rows if key in r]
-        return [values[0], values[-1]] if values else [None, None]
-
-    # The search's acceptance of each whole reply (prefix + completion) by its strict parser: 1 - its parse failures.
-    accepted = accepted_replies([c["completion"] for c in completions],
-                                [data.params[c["id"]].tolist() for c in completions],
-                                [c["answer_prefix"] for c in completions], settings=reward_settings)
-    steps = sorted({c["step"] for c in completions})
-
-    def accepted_at(step) -> float:
-        at = [a for a, c in zip(accepted, completions) if c["step"] == step]
-        return round(sum(at) / len(at), 4)
-
+    write_text(DATA / "test_prompts.jsonl", jsonl(data.records["test"]))
+    write_text(DATA / "prompt_example.txt", render_chat(llm.tokenizer, data.records["train"][0]["prompt"]))
+    summary = training_summary(rows, completions, data.vectors, reward_settings)
     metrics = {
-        "steps": len(rows),
-        "completions": len(completions),
-        "train_prompts": len(train_idx),
-        "test_prompts": len(test_idx),
+        "steps": summary["steps"],
+        "completions": summary["completions"],
+        "train_prompts": len(data.train),
+        "test_prompts": len(data.test),
         "truncated_prompts": run.truncated_prompts,
         "answer_prefix": p.answer_prefix,
-        "accepted_rate_first_last": [accepted_at(steps[0]), accepted_at(steps[-1])] if steps else [None, None],
-        "accepted_rate_all": round(sum(accepted) / len(accepted), 4) if accepted else None,
-        "reward_mean_first_last": first_last("reward_mean"),
-        "format_hard_rate_first_last": first_last("reward_format_hard"),
-        "format_hard_rate_all": (sum(c["reward_format_hard"] for c in completions) / len(completions)
-                                 if completions else None),
+        **{k: summary[k] for k in ("accepted_rate_first_last", "accepted_rate_all", "reward_mean_first_last",
+                                   "format_hard_rate_first_last", "format_hard_rate_all")},
         "seconds": round(time.perf_counter() - t0, 1),
         "train_seconds": round(train_s, 1),
         "dtype": llm.dtype_name,

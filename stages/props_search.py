@@ -7,34 +7,28 @@ plots/props/search/<task>/. Replies are cached by content in data/props/replies/
 DVC out), so the stage re-runs offline (props.llm.offline: true) with identical results.
 """
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import json
-import sys
 import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from llmrl.algos.props_search import build_optimizer_llm, held_out_seeds, props_search
+from llmrl.algos.props_search import HeldOutEvaluation, build_optimizer_llm, props_search, search_task
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
-from llmrl.envs.control import get_task
 from llmrl.files import atomic_path, write_json
 from llmrl.seeding import seed_everything
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
+from stages.props_common import log_curves
 
-from props_common import log_curves  # isort: skip
 
-
-def main(task_key: str) -> None:
+def main(argv: list[str] | None = None) -> None:
+    task_key = stage_arguments("props_search", argv, task="one of props.search.tasks").task
     search = stage_params("props.search", PropsSearchParams)
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
-    task = get_task(task_key)
+    task = search_task(search, task_key)  # at its horizon: the one its prompts state
     out = paths.props_search(task_key)
     seed_everything(0)
     torch.set_num_threads(llm_p.threads)
@@ -49,25 +43,22 @@ def main(task_key: str) -> None:
                                  states_out=states), total=n_rows, desc=f"props_search {task.key}", mininterval=5):
         rows.append(row)
     wall = time.perf_counter() - start
-    from llmrl.agents.linear_policy import ParamEvaluator
-
-    ev = ParamEvaluator(task, max_episode_steps=search.max_episode_steps.get(task.key))
-    eval_seeds = held_out_seeds(search)
     runs = []
-    for st in states:
-        final = ev.returns(st.best_params, eval_seeds)[0]
-        runs.append({"task": task.key, "method": st.method, "seed": st.seed,
-                     "rows": [r for r in rows if r["method"] == st.method and r["seed"] == st.seed],
-                     "final_params": [float(x) for x in st.best_params], "best_return": st.best_return,
-                     "final_eval": [float(x) for x in final], "episodes": st.episodes, **st.counters(),
-                     "history": [{"params": [float(x) for x in p], "return_mean": r} for p, r in st.history]})
-        log.info("%s %s seed %d: best %.2f, held-out %.2f, parse failures %d / %d calls, fallbacks %d",
-                 task.key, st.method, st.seed, st.best_return, float(np.mean(final)), st.parse_failures,
-                 st.llm_calls, st.fallbacks)
-    ev.close()
+    with HeldOutEvaluation(task, search) as held_out:
+        for st in states:
+            final = held_out(st.best_params)
+            runs.append({"task": task.key, "method": st.method, "seed": st.seed,
+                         "rows": [r for r in rows if r["method"] == st.method and r["seed"] == st.seed],
+                         "final_params": [float(x) for x in st.best_params], "best_return": st.best_return,
+                         "final_eval": final, "episodes": st.episodes, **st.counters(),
+                         "history": [{"params": [float(x) for x in p], "return_mean": r} for p, r in st.history]})
+            log.info("%s %s seed %d: best %.2f, held-out %.2f, LLM-proposed %d / %d, parse failures %d / %d "
+                     "replies (%s), example copies %d", task.key, st.method, st.seed, st.best_return,
+                     float(np.mean(final)), st.llm_proposals, len(st.history), st.parse_failures, st.llm_calls,
+                     {k: v for k, v in st.parse_errors.items() if v}, st.example_copies)
     with atomic_path(out.runs, is_dir=True) as tmp:
         write_json(tmp / "runs.json", {"task": task.key, "model": optimizer.label, "wall_seconds": wall,
-                                       "iterations": search.iterations, "runs": runs})
+                                       "horizon": task.episode_steps, "iterations": search.iterations, "runs": runs})
         with (tmp / "records.jsonl").open("w") as fh:
             for st in states:
                 for rec in st.records:
@@ -77,4 +68,4 @@ def main(task_key: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -7,30 +7,26 @@ counters, held-out returns). Without the adapter (props_grpo not run yet) it run
 props.transfer.require_adapter is false, and records ``"tuned": "missing"``.
 """
 
-from common import log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-from paths import ROOT  # isort: skip
-
 import gc
 import time
 
 import torch
 
-from llmrl.agents.linear_policy import ParamEvaluator
-from llmrl.algos.props_search import build_optimizer_llm, held_out_seeds, props_search
+from llmrl.algos.props_search import HeldOutEvaluation, build_optimizer_llm, props_search, search_task
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams, PropsTransferParams
-from llmrl.envs.control import get_task
 from llmrl.files import write_json
+from llmrl.llm.faults import FaultGuard
 from llmrl.seeding import seed_everything
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
+from stages.paths import ROOT
 
 ADAPTER = paths.props_grpo().adapter
 OUT = paths.props_transfer()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("props_transfer", argv)
     search = stage_params("props.search", PropsSearchParams)
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
@@ -43,25 +39,24 @@ def main() -> None:
     optimizers = {"base": None} | ({"tuned": adapter_name} if have_adapter else {})
     results: dict = {"adapter": adapter_name if have_adapter else "missing", "iterations": tr.iterations,
                      "method": tr.method, "runs": []}
-    eval_seeds = held_out_seeds(search)
+    guard = FaultGuard(llm_p.faults, "props.llm.faults")  # one fault policy for both optimizers' requests
     for name, adapter in optimizers.items():
         seed_everything(0)
-        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=OUT[f"replies_{name}"])
+        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=OUT[f"replies_{name}"], guard=guard)
         for key in tr.tasks:
-            task = get_task(key)
+            task = search_task(search, key)
             states, rows = [], []
             start = time.perf_counter()
             for row in props_search(task, [tr.method], tr.seeds, opt, search, space, llm_p, iterations=tr.iterations,
                                     states_out=states):
                 rows.append(row)
-            ev = ParamEvaluator(task, max_episode_steps=search.max_episode_steps.get(task.key))
-            for st in states:
-                results["runs"].append({
-                    "task": task.key, "optimizer": name, "method": f"{tr.method}_{name}", "seed": st.seed,
-                    "rows": [r for r in rows if r["seed"] == st.seed], "best_return": st.best_return,
-                    "final_params": [float(x) for x in st.best_params],
-                    "final_eval": [float(x) for x in ev.returns(st.best_params, eval_seeds)[0]], **st.counters()})
-            ev.close()
+            with HeldOutEvaluation(task, search) as held_out:
+                for st in states:
+                    results["runs"].append({
+                        "task": task.key, "optimizer": name, "method": f"{tr.method}_{name}", "seed": st.seed,
+                        "rows": [r for r in rows if r["seed"] == st.seed], "best_return": st.best_return,
+                        "final_params": [float(x) for x in st.best_params], "final_eval": held_out(st.best_params),
+                        **st.counters()})
             log.info("transfer %s %s: %.1f s, parse failures %d / %d calls", name, task.key,
                      time.perf_counter() - start, sum(s.parse_failures for s in states),
                      sum(s.llm_calls for s in states))

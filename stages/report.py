@@ -1,4 +1,5 @@
-"""Stage report: one static results page from metrics/ and plots/ only (issue 13, item 3).
+"""Stage report: one static results page from metrics/ and plots/ only; in the study pipeline (study/dvc.yaml:
+study_report) the study's page, its methods at study scale beside the default's (llmrl.report.study).
 
 Writes reports/index.html (every method's tables with the seed-level intervals its metrics hold, learning curves
 as inline SVG, ProPS's videos copied to reports/videos/ and linked relatively, so the page works opened from disk)
@@ -6,28 +7,31 @@ and reports/summary.md (the same tables in Markdown). A section left out of repo
 a missing file of a listed one fails the stage naming the file (llmrl.report.MissingResultError).
 """
 
-from common import ROOT, log, prepare_stage_process, stage_params  # isort: skip
-
-prepare_stage_process()
-
-import paths  # isort: skip
-
 import time
 
 from llmrl.config.props import PropsSearchParams
 from llmrl.config.report import ReportParams
 from llmrl.files import atomic_path
 from llmrl.report import collect_report, write_report
+from llmrl.report.study import STUDY_METHODS, collect_study
+from stages import paths
+from stages.common import log, stage_arguments, stage_params
+from stages.paths import ROOT
 
 OUT = paths.report()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    stage_arguments("report", argv)
     params = stage_params("report", ReportParams)
     # props_eval records videos only when props.search.video is on; the page expects them exactly then
     videos = stage_params("props.search", PropsSearchParams).video
     start = time.perf_counter()
-    report = collect_report(ROOT, params.methods, props_videos=videos)
+    if paths.TIER == "default":
+        report = collect_report(ROOT, params.methods, props_videos=videos)
+    else:  # the study's page: its methods at study scale beside the default pipeline's results
+        report = collect_study(ROOT, paths.OUT, [m for m in params.methods if m in STUDY_METHODS],
+                               props_videos=videos)
     with atomic_path(OUT.page, is_dir=True) as out:
         write_report(report, out)
     log.info("%s/index.html and summary.md: %d sections, %d not run (%.1fs)", OUT.page.name, len(report.sections),

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from llmrl.llm import LoraSettings, load_model
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.load import load_model
 from llmrl.algos.reinforce_kl import ReinforceKL
 from tests.test_reinforce_kl import PROBLEMS, _episode, _params
 
@@ -111,7 +112,8 @@ def _glam_run(accelerator=None):
     from llmrl.agents.llm_policy import build_agent
     from llmrl.algos.ppo_llm import train
     from llmrl.config.glam import GlamPPO
-    from llmrl.envs import make_env
+    import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+    from llmrl.envs.make import make_env
 
     agent = build_agent("tiny", "lora", seed=0, lora_layers=1, temperature=1.0)
     assert agent.trunk_start is not None
@@ -199,7 +201,7 @@ def _grounding_run(accelerator=None):
     model = build_grounded(GroundingSpec(obs_dim=D, action_dim=A, discrete=True, base_model="tiny", finetune="lora"),
                            lora=LoraSettings(r=4, alpha=8, dropout=0.0))
     eps = [_episode(rng, discrete=True) for _ in range(3)]
-    p = _params(steps=4, batch_size=5, lr=1e-2)
+    p = _params(epochs=1.25, batch_size=5, lr=1e-2)  # 16 samples: 4 updates
     samples = kg.build_samples(model, eps, p, rng)
     initial = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
     rows = list(kg.train_grounding(model, samples, p, rng, accelerator=accelerator))
@@ -242,7 +244,7 @@ def _grpo_run(accelerator=None, *, batch: int = 4, generations: int = 2):
 
     from llmrl.algos.grpo import build_grpo_trainer, completion_text, gather_records, recording, train
     from llmrl.config.grpo import GRPOTrainParams
-    from llmrl.llm import load_model
+    from llmrl.llm.load import load_model
 
     def length_reward(completions, **_):  # varies within a group, so the steps move the adapter
         return [len(completion_text(c)) / 10 for c in completions]

@@ -28,12 +28,15 @@ import torch
 from llmrl.agents.math_solver import load_policy, write_policy
 from llmrl.agents.student import GridStudent, load_student, save_student
 from llmrl.algos.distilled_ppo import make_vector_env, train
-from llmrl.algos.mappo import make_mappo_agent, train_mappo
+from llmrl.algos.mappo import make_mappo_agent
+from llmrl.algos.mappo import train as train_mappo
 from llmrl.config.ppo import PPOParams
-from llmrl.envs import make_env
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
-from llmrl.llm import LoraSettings, load_model
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.load import load_model
 
 
 @dataclass
@@ -55,7 +58,7 @@ def _ppo_run(seed):
     cfg = PPOParams(total_frames=2 * 64, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
     agent = GridStudent(10, 10, 7)
     before = _snapshot(agent.parameters())
-    list(train(make_vector_env(lambda: make_env(ENV_IDS["simpledoorkey"]), 2), agent, cfg, seed=seed, progress=False))
+    list(train(agent, make_vector_env(lambda: make_env(ENV_IDS["simpledoorkey"]), 2), cfg, seed=seed, progress=False))
     return agent, before
 
 
@@ -76,7 +79,7 @@ def _mappo_run(seed):
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, (16, 16))
     before = _snapshot(agent.parameters())
     cfg = PPOParams(total_frames=25 * 2 * envs.n_agents, num_envs=2, num_steps=25, epochs=1, minibatch_size=50)
-    list(train_mappo(envs, agent, cfg, seed=seed, progress=False))
+    list(train_mappo(agent, envs, cfg, seed=seed, progress=False))
     return agent, before
 
 
@@ -167,7 +170,7 @@ def _grounding_params():
     from llmrl.config.kalm import KalmGroundParams
 
     return KalmGroundParams(model="tiny", trajectory_samples=4, dynamics_samples=4, goal_samples=4, reverse_samples=4,
-                            window=4, steps=2, batch_size=4, dtype="float32", lr=3e-3, warmup=0, seed=0)
+                            window=4, epochs=0.5, batch_size=4, dtype="float32", lr=3e-3, warmup=0, seed=0)
 
 
 def _grounding_run(seed):
@@ -386,8 +389,8 @@ def test_same_seed_same_parameters_other_seed_others(trained):
 
 
 # ================================================================================ gradient-free searches (ProPS)
-SEARCH = dict(tasks=["mountaincar_continuous"], iterations=3, episodes_per_eval=2,
-              max_episode_steps={"mountaincar_continuous": 50}, prompt_token_budget=900)
+SEARCH = dict(tasks=["pendulum"], iterations=3, episodes_per_eval=2, max_episode_steps={"pendulum": 50},
+              prompt_token_budget=900)
 
 
 def _props_search_run(seed):
@@ -396,10 +399,10 @@ def _props_search_run(seed):
     from llmrl.algos.props_search import build_optimizer_llm, props_search
     from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
 
-    lp = PropsLLMParams(spec="tiny", max_new_tokens=12, answer_prefix="params[0]:", max_retries=0)
+    lp = PropsLLMParams(spec="tiny", answer_prefix="params[0]:", faults={"max_retries": 0})
     optimizer = build_optimizer_llm(lp, cache_dir=Path(tempfile.mkdtemp(prefix="props-contract-")) / "replies")
     states = []
-    rows = list(props_search("mountaincar_continuous", ["props"], [seed], optimizer,
+    rows = list(props_search("pendulum", ["props"], [seed], optimizer,
                              PropsSearchParams(**SEARCH, max_reasks=1), PropsSpaceParams(), lp, states_out=states))
     return rows, states
 
@@ -409,7 +412,7 @@ def _random_search_run(seed):
     from llmrl.config.props import PropsSearchParams, PropsSpaceParams
 
     states = []
-    rows = list(random_search("mountaincar_continuous", [seed], PropsSearchParams(**SEARCH), PropsSpaceParams(),
+    rows = list(random_search("pendulum", [seed], PropsSearchParams(**SEARCH), PropsSpaceParams(),
                               states_out=states))
     return rows, states
 
@@ -419,8 +422,8 @@ def _cem_run(seed):
     from llmrl.config.props import CEMParams, PropsSearchParams, PropsSpaceParams
 
     states = []
-    rows = list(cem("mountaincar_continuous", [seed], PropsSearchParams(**SEARCH), PropsSpaceParams(),
-                    CEMParams(population=4, episodes_per_candidate=1), states_out=states))
+    rows = list(cem("pendulum", [seed], PropsSearchParams(**SEARCH), PropsSpaceParams(),
+                    CEMParams(population=3, episodes_per_candidate=1), states_out=states))
     return rows, states
 
 

@@ -9,7 +9,7 @@ from gymnasium.utils.env_checker import check_env
 from minigrid.core.grid import Grid
 from minigrid.core.world_object import Ball, Box, Door, Key, Wall
 
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.envs.babyai_text.description import Fact, describe_image
 from llmrl.envs.babyai_text.languages import VARIANTS, English
 from llmrl.envs.babyai_text.levels import HELD_OUT, LEVELS
@@ -158,8 +158,8 @@ def test_mixed_levels_hold_out_combinations():
 
 
 def test_text_env_is_solvable_by_the_bot():
-    from llmrl.agents import BabyAIBotPolicy
-    from llmrl.eval import evaluate
+    from llmrl.agents.baselines import BabyAIBotPolicy
+    from llmrl.eval.harness import evaluate
 
     for env_id in ("BabyAI-Text-MixedTrainLocal-v0", "BabyAI-Text-MixedTestLocal-v0"):
         s = evaluate(BabyAIBotPolicy(), make_env(env_id), range(20), progress=False).summary()

@@ -17,7 +17,8 @@ from llmrl.agents.llm_policy import build_agent
 from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import load_resumable, run_identity, save_checkpoint
 from llmrl.config.glam import GlamPPO
-from llmrl.envs import make_env
+import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
+from llmrl.envs.make import make_env
 
 from .conftest import ROOT
 
@@ -93,7 +94,8 @@ from llmrl.agents.llm_policy import build_agent
 from llmrl.algos.ppo_llm import train
 from llmrl.checkpoint import project_sources, run_identity
 from llmrl.config.glam import GlamPPO
-from llmrl.envs import make_env
+import llmrl.envs.babyai_text
+from llmrl.envs.make import make_env
 cfg = GlamPPO(n_envs=2, frames_per_env=3, updates=5, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-3)
 agent = build_agent("tiny", "lora", seed=0)
 ident = run_identity({"cfg": repr(cfg)}, code=project_sources())
@@ -209,7 +211,8 @@ def test_stage_with_resume_point_round_trips_through_a_remote(tmp_path):
 def test_reinforce_kl_resume_equals_uninterrupted_and_other_config_restarts(tmp_path, caplog):
     from llmrl.algos.reinforce_kl import ReinforceKL
     from llmrl.config.llm_rl import ReinforceTrainParams
-    from llmrl.llm import LoraSettings, load_model
+    from llmrl.config.lora import LoraSettings
+    from llmrl.llm.load import load_model
     from llmrl.seeding import seed_everything
 
     problems = [{"id": f"p{i}", "problem": f"Tom has {i} apples and gets 2 more. How many apples?",

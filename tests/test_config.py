@@ -51,7 +51,7 @@ def test_stage_exits_before_writing(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("demos:\n  envs: [BabyAI-GoToLocal-v0]\n  episodes: -3\n  seed: 0\n")
     code = (
-        "import sys; sys.path.insert(0, 'stages'); import common;"
+        "from stages import common;"
         f"from llmrl.config import DemosParams; common.stage_params('demos', DemosParams, {str(params)!r})"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

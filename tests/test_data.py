@@ -2,15 +2,8 @@ import h5py
 import numpy as np
 import pytest
 
-from llmrl.data import (
-    Episode,
-    TrajectoryFormatError,
-    TrajectoryReader,
-    TrajectoryWriter,
-    read_episodes,
-    to_d3rlpy,
-    to_pandas,
-)
+from llmrl.data.trajectories import (Episode, read_episodes, to_d3rlpy, to_pandas, TrajectoryFormatError,
+                                     TrajectoryReader, TrajectoryWriter, USER_BLOCK)
 
 
 def _episode(T=5, seed=0, text=True, continuous=False):
@@ -60,6 +53,16 @@ def test_interrupted_writer_keeps_previous_file(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def _reseal(path) -> None:
+    """Write the file's digest again after editing it with h5py, as the writer does (the user block's format), so
+    the reader's own checks of a structurally wrong file are reached."""
+    import hashlib
+
+    data = path.read_bytes()
+    header = b"llmrl-trajectories sha256 " + hashlib.sha256(data[USER_BLOCK:]).hexdigest().encode() + b"\n"
+    path.write_bytes(header.ljust(USER_BLOCK, b"\0") + data[USER_BLOCK:])
+
+
 def test_corrupt_and_wrong_schema(tmp_path):
     bad = tmp_path / "corrupt.h5"
     bad.write_bytes(b"not an hdf5 file at all")
@@ -70,6 +73,9 @@ def test_corrupt_and_wrong_schema(tmp_path):
         w.append(_episode(3))
     with h5py.File(path, "a") as f:
         f.attrs["schema_version"] = 99
+    with pytest.raises(TrajectoryFormatError, match="v.h5: field 'sha256' does not match"):
+        TrajectoryReader(path)  # an edit the writer did not seal
+    _reseal(path)
     with pytest.raises(TrajectoryFormatError, match="v.h5: field 'schema_version' is 99"):
         TrajectoryReader(path)
     path2 = tmp_path / "missing.h5"
@@ -77,6 +83,7 @@ def test_corrupt_and_wrong_schema(tmp_path):
         w.append(_episode(3))
     with h5py.File(path2, "a") as f:
         del f["episodes/000000/rewards"]
+    _reseal(path2)
     with pytest.raises(TrajectoryFormatError, match="missing.h5: episodes/000000: missing field 'rewards'"):
         read_episodes(path2)
 
@@ -103,24 +110,26 @@ def test_d3rlpy_and_pandas(tmp_path):
 
 
 def test_damaged_data_block_names_file_and_field(tmp_path):
-    """Bytes of one dataset overwritten on disk: reading raises TrajectoryFormatError, not a bare OSError."""
-    import h5py
-
+    """Bytes of one dataset's chunk overwritten on disk: the file's digest fails first; in a file whose digest was
+    written over the damage, HDF5's Fletcher-32 check fails the read, named as TrajectoryFormatError (any HDF5
+    tool reading the file without llmrl sees the Fletcher-32 error too)."""
     path = tmp_path / "damaged.h5"
     ep = Episode(observations={"image": np.arange(4000, dtype=np.float32).reshape(1000, 4)},
-                 rewards=np.zeros(1000), terminated=np.zeros(1000, bool), truncated=np.zeros(1000, bool))
+                 rewards=np.ones(1000), terminated=np.zeros(1000, bool), truncated=np.zeros(1000, bool))
     with TrajectoryWriter(path) as w:
         w.append(ep)
-    with h5py.File(path, "r+") as f:
-        # Re-create the rewards dataset chunked + compressed, then corrupt its stored chunk.
-        g = f["episodes/000000"]
-        del g["rewards"]
-        g.create_dataset("rewards", data=np.ones(1000, np.float32), chunks=(1000,), compression="gzip")
     with h5py.File(path, "r") as f:
+        assert f["episodes/000000/rewards"].fletcher32
         offset = f["episodes/000000/rewards"].id.get_chunk_info(0).byte_offset
     with open(path, "r+b") as fh:
-        fh.seek(offset)
+        fh.seek(offset + 8)
         fh.write(b"\xff" * 16)
+    with pytest.raises(TrajectoryFormatError, match=r"damaged.h5: field 'sha256' does not match"):
+        TrajectoryReader(path)
+    with h5py.File(path, "r") as f, pytest.raises(OSError, match="filter returned failure"):
+        assert f["episodes/000000/rewards"].compression is None  # Fletcher-32 is its only filter
+        f["episodes/000000/rewards"][()]
+    _reseal(path)
     with TrajectoryReader(path) as r, pytest.raises(TrajectoryFormatError, match=r"damaged.h5: episodes/000000: "
                                                                              r"field 'rewards' is unreadable"):
         r[0]

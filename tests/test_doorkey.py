@@ -9,16 +9,16 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from llmrl.agents.teacher import ENV_KIND, OraclePlanner, TeacherPolicy, observation_texts
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS
-from llmrl.eval import evaluate
+from llmrl.eval.harness import evaluate
 
 ALL = list(ENV_IDS.values())
 
 
 @pytest.mark.parametrize("env_id", ALL)
 def test_registered_and_check_env(env_id):
-    env = make_env(env_id, seed=0)  # make_env imports llmrl.envs.doorkey itself
+    env = make_env(env_id, seed=0)  # registered by importing llmrl.envs.doorkey (ENV_IDS above)
     assert env_id in gym.registry
     check_env(env.unwrapped, skip_render_check=True)
     side = 20 if "TwoDoor" in env_id else 10

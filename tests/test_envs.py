@@ -2,7 +2,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 
 LEVELS = ["BabyAI-GoToLocal-v0", "BabyAI-PickupLoc-v0", "MiniGrid-DoorKey-5x5-v0"]
 
@@ -50,3 +50,10 @@ def test_one_success_rule_for_episodes_and_vector_steps():
         [True, False, False]
     assert episode_successes({}, np.array([1.0, 1.0, 1.0]), np.array([True, False, True]), done).tolist() == \
         [True, False, False]
+
+
+def test_an_id_of_a_family_not_imported_names_the_module_that_registers_it():
+    if "BabyAI-Text-GoToObjS4-v0" in gym.registry:
+        pytest.skip("another test of this session imported llmrl.envs.babyai_text")
+    with pytest.raises(gym.error.Error, match=r"import llmrl\.envs\.babyai_text .*first"):
+        make_env("BabyAI-Text-GoToObjS4-v0")

@@ -1,6 +1,7 @@
 """Atomic writes and byte-stable model files."""
 
 import hashlib
+import os
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmrl.files import atomic_path, save_torch, write_json
+from llmrl.files import atomic_path, read_json, save_torch, write_json
 
 
 def test_atomic_file_and_dir(tmp_path):
@@ -18,7 +19,7 @@ def test_atomic_file_and_dir(tmp_path):
         with atomic_path(tmp_path / "m.json") as tmp:
             tmp.write_text("half")
             raise RuntimeError("interrupted")
-    assert (tmp_path / "m.json").read_text().strip() == '{\n  "a": 1\n}'
+    assert read_json(tmp_path / "m.json") == {"a": 1}
     with atomic_path(tmp_path / "d", is_dir=True) as tmp:
         (tmp / "x").write_text("1")
     with pytest.raises(RuntimeError):
@@ -52,8 +53,8 @@ def test_plain_torch_save_through_a_temporary_differs(tmp_path):
 
 def _run_stage_code(code: str, cwd) -> subprocess.CompletedProcess:
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(root / 'stages')!r}); {code}"],
-                          cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(root)))
 
 
 def test_a_killed_stage_leaves_the_previous_runs_curves(tmp_path):
@@ -63,7 +64,7 @@ def test_a_killed_stage_leaves_the_previous_runs_curves(tmp_path):
     folder.mkdir(parents=True)
     (folder / "previous.tsv").write_text("step\tx\n0\t1\n")
     before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
-    log_and = ("from common import open_live\n"
+    log_and = ("from stages.common import open_live\n"
                f"with open_live({str(folder)!r}) as live:\n"
                "    for i in range(3):\n"
                "        live.log_metric('x', i); live.next_step()\n"
@@ -76,3 +77,41 @@ def test_a_killed_stage_leaves_the_previous_runs_curves(tmp_path):
     done = _run_stage_code(log_and.format(end="pass"), tmp_path)
     assert done.returncode == 0, done.stderr
     assert not (folder / "previous.tsv").exists() and (folder / "plots" / "metrics" / "x.tsv").is_file()
+
+
+def test_a_killed_writers_leftovers_are_cleared_and_a_set_aside_version_put_back(tmp_path):
+    """A writer killed mid-write leaves its temporary; one killed between the two renames of a folder swap (where
+    the file system has no one-step exchange) leaves the previous version set aside. The next writer of the same
+    output clears the first and puts the second back before it starts."""
+    out = tmp_path / "out"
+    (tmp_path / ".out.k1ll3d_x.tmp").mkdir()
+    (tmp_path / ".out.a1b2c3d4.tmp").write_text("half")
+    (tmp_path / ".other.a1b2c3d4.tmp").write_text("another output's")
+    (tmp_path / ".out.old").mkdir()
+    (tmp_path / ".out.old" / "x").write_text("previous")
+    with pytest.raises(RuntimeError), atomic_path(out, is_dir=True) as tmp:
+        (tmp / "x").write_text("new, never finished")
+        raise RuntimeError("failed")
+    assert (out / "x").read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.a1b2c3d4.tmp", "out"]
+
+
+def test_a_full_disk_is_a_named_error_and_keeps_the_previous_output(tmp_path):
+    import errno
+
+    from llmrl.files import DiskFullError
+
+    write_json(tmp_path / "m.json", {"a": 1})
+    with pytest.raises(DiskFullError, match=r"m.json: no space left on the device"), \
+            atomic_path(tmp_path / "m.json") as tmp:
+        tmp.write_text("{")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(DiskFullError, match=r"d: no space left on the device .*SafetensorError"), \
+            atomic_path(tmp_path / "d", is_dir=True):
+        class SafetensorError(Exception):  # what safetensors raises, the errno only in its text
+            pass
+
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")
+    assert read_json(tmp_path / "m.json") == {"a": 1} and not (tmp_path / "d").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]

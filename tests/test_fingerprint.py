@@ -1,5 +1,5 @@
-import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,34 +36,30 @@ def test_pin_sets_only_unset_variables_and_only_with_avx2(monkeypatch):
     assert pin_cpu_kernels({"avx2"}) == {} and "ONEDNN_MAX_CPU_ISA" not in os.environ
 
 
+PROBE = """\
+import os
+import torch
+from llmrl.fingerprint import fingerprint_line
+print(torch.backends.cpu.get_cpu_capability(), os.environ["ONEDNN_MAX_CPU_ISA"], fingerprint_line())
+"""
+
+
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="pinning applies to x86-64 CPUs with AVX2")
-def test_stage_process_runs_on_avx2_kernels_and_importing_common_changes_nothing():
-    """``prepare_stage_process()`` pins the kernels before torch dispatches anything, so ATen reports AVX2 even on
-    an AVX-512 CPU and the fingerprint says so; importing stages/common.py alone sets nothing."""
-    code = ("import sys, os; sys.path.insert(0, 'stages'); before = dict(os.environ); import common; "
-            "assert dict(os.environ) == before, 'importing common changed the environment'; "
-            "common.prepare_stage_process(); import torch; "
-            "from llmrl.fingerprint import fingerprint_line; "
-            "print(torch.backends.cpu.get_cpu_capability(), os.environ['ONEDNN_MAX_CPU_ISA'], fingerprint_line())")
+def test_a_stage_module_runs_on_avx2_kernels_and_importing_the_package_changes_nothing(tmp_path):
+    """``python -m stages.<name>`` prepares the process (stages/__init__.py) before the stage module imports torch,
+    so ATen reports AVX2 even on an AVX-512 CPU and the fingerprint says so; importing the package anywhere else
+    (here, or in a test) sets nothing."""
     env = {k: v for k, v in os.environ.items() if k not in PINNED and k != OPT_OUT}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    code = ("import os; before = dict(os.environ); import stages, stages.common, stages.paths; "
+            "assert dict(os.environ) == before, 'importing the stages package changed the environment'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+    # a stage module of a copy of the package: the probe above, run as Python runs every stage
+    shutil.copytree(ROOT / "stages", tmp_path / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "stages" / "probe.py").write_text(PROBE)
+    out = subprocess.run([sys.executable, "-m", "stages.probe"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=True)
     kernels, onednn, line = out.stdout.strip().split(" ", 2)
     assert (kernels, onednn) == ("AVX2", "AVX2") and "(kernels AVX2)" in line
-
-
-STAGE_SCRIPTS = sorted(p for p in (ROOT / "stages").glob("*.py") if not p.stem.endswith("common") and p.stem != "paths")
-
-
-@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda p: p.stem)
-def test_every_stage_script_prepares_its_process_before_other_imports(script):
-    """The statement after ``from common import ...`` is ``prepare_stage_process(...)``: nothing (torch, HF, a
-    shared stage module) is imported before the caches and kernels are set."""
-    body = [n for n in ast.parse(script.read_text()).body
-            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # the docstring
-    first, second = body[0], body[1]
-    assert isinstance(first, ast.ImportFrom) and first.module == "common", script.name
-    assert (isinstance(second, ast.Expr) and isinstance(second.value, ast.Call)
-            and getattr(second.value.func, "id", None) == "prepare_stage_process"), script.name
 
 
 def test_cpu_runs_bf16_only_unpinned_with_native_bf16():

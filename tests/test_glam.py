@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from llmrl.agents import RandomPolicy
+from llmrl.agents.baselines import RandomPolicy
 from llmrl.agents.llm_policy import LLMBatchPolicy, LLMPolicy, build_agent, build_prompt, candidates_for, render
 from llmrl.algos.bc_llm import train_bc
 from llmrl.algos.ppo_llm import advantage_batch, collect, ppo_update, train
 from llmrl.config.glam import GlamPPO
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.envs.babyai_text.languages import ACTIONS_EN, VARIANTS
-from llmrl.eval import evaluate
+from llmrl.eval.harness import evaluate
 from llmrl.eval.batched import evaluate_batched
-from llmrl.llm import score_naive
+from llmrl.llm.score import score_naive
 
 ENV = "BabyAI-Text-GoToObjS4-v0"
 HISTORY = 3  # observations per prompt (GLAM's)

@@ -130,7 +130,7 @@ def test_every_metaworld_goal_env_passes_check_env_and_is_deterministic(goal):
     assert obs.shape == (39,) and obs.dtype == np.float32
     _determinism(env, rng.uniform(-1, 1, (12, 4)).astype(np.float32), seed=7)
     a, _ = env.reset(seed=2)
-    b, _ = env.reset(seed=52)  # same variation (seed % 50), same start
+    b, _ = env.reset(seed=27)  # the train split's 25 variations in turn: seed 27 starts where seed 2 does
     np.testing.assert_allclose(a[36:39], b[36:39])
     env.close()
 
@@ -203,3 +203,69 @@ def test_label_rewards_cuts_at_first_rule_success():
     np.testing.assert_array_equal(terminated, [False, False, False, True])
     rewards, terminated = kl.label_rewards(goal, obs[:3])
     assert rewards.sum() == 0 and not terminated.any() and len(rewards) == 3
+
+
+def test_start_splits_are_disjoint_ranges_and_variations():
+    splits = list(kl.START_SPLITS.values())
+    for i, a in enumerate(splits):
+        assert a.first_seed < a.end_seed and a.metaworld_variations
+        for b in splits[i + 1:]:
+            assert a.end_seed <= b.first_seed or b.end_seed <= a.first_seed, (a.name, b.name)
+            assert not set(a.metaworld_variations) & set(b.metaworld_variations), (a.name, b.name)
+    assert kl.metaworld_variation(20_000) in kl.START_SPLITS["test"].metaworld_variations
+    with pytest.raises(ValueError, match="no initial-state split"):
+        kl.start_split(10**6)
+    with pytest.raises(ValueError, match="kalm.eval.seed: seeds 19990..20009 must lie in the test"):
+        kl.check_seed_range("test", 19_990, 20, "kalm.eval.seed")
+    assert kl.goal_schedule(3, 2, 5) == [(0, 5), (1, 6), (2, 7), (0, 8), (1, 9), (2, 10)]
+
+
+def _initial_states(benchmark, tasks_goals, seeds, settings):
+    """Initial-state fingerprints: Meta-World's observation (object and goal positions), BabyAI's whole room."""
+    out = set()
+    with kl.GoalEnvPool(settings) as pool:
+        for goal in tasks_goals:
+            for seed in seeds(goal):
+                env, obs = pool.reset(goal, seed)
+                if benchmark == "metaworld":
+                    out.add((goal.task, tuple(np.round(obs, 5))))
+                else:
+                    u = env.unwrapped
+                    out.add((goal.task, u.grid.encode().tobytes(), tuple(u.agent_pos), u.agent_dir))
+    return out
+
+
+@pytest.mark.parametrize("benchmark", kl.BENCHMARKS)
+def test_no_evaluation_start_equals_a_training_or_imagination_start(benchmark):
+    """At the pipeline's parameters (params.yaml): the initial states of the training data, the grounding's
+    validation episodes, the imagined rollouts and the evaluation episodes of every level never coincide."""
+    from llmrl.config import load_section, read_params
+    from llmrl.config.kalm import KalmDataParams, KalmEnvParams, KalmEvalParams, KalmImagineParams
+
+    params = read_params("params.yaml")
+    data = load_section(params, "kalm.data", KalmDataParams)
+    ev = load_section(params, "kalm.eval", KalmEvalParams)
+    im = load_section(params, "kalm.imagine", KalmImagineParams)
+    settings = kl.EnvSettings.for_benchmark(load_section(params, "kalm.env", KalmEnvParams), benchmark)
+    per_task = data.metaworld_episodes_per_task if benchmark == "metaworld" else data.babyai_episodes_per_task
+    by_task = {}
+    for g in kl.goals(benchmark, "train") + kl.goals(benchmark, "validation"):
+        by_task.setdefault((g.task, g.split), g)
+    train = _initial_states(benchmark, [g for (t, s), g in by_task.items() if s == "train"],
+                            lambda g: range(data.seed, data.seed + per_task), settings)
+    validation = _initial_states(benchmark, [g for (t, s), g in by_task.items() if s == "validation"],
+                                 lambda g: range(data.validation_seed,
+                                                 data.validation_seed + data.validation_episodes_per_task), settings)
+    imagine, evaluation = set(), set()
+    episodes = ev.metaworld_episodes if benchmark == "metaworld" else ev.babyai_episodes
+    for level in kl.LEVELS:
+        goals = kl.goals(benchmark, level)
+        for starts, first, n in ((imagine, im.seed, im.rollouts), (evaluation, ev.seed, episodes)):
+            schedule = kl.goal_schedule(len(goals), kl.per_goal(len(goals), n), first)
+            seeds = {}
+            for g, seed in schedule:
+                seeds.setdefault(goals[g], []).append(seed)
+            starts |= _initial_states(benchmark, list(seeds), lambda goal: seeds[goal], settings)
+    assert train and validation and imagine and evaluation
+    assert not evaluation & train and not evaluation & imagine and not evaluation & validation
+    assert not imagine & train and not imagine & validation and not validation & train

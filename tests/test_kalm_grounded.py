@@ -14,7 +14,8 @@ from llmrl.algos import kalm_imagine as ki
 from llmrl.config.kalm import KalmGroundParams, KalmImagineParams
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
-from llmrl.llm.grounded import GroundedLM, GroundingSpec, build_grounded, collate
+from llmrl.eval.kalm import rollout_quality
+from llmrl.llm.grounded import ACTION, STATE, GroundedLM, GroundingSpec, build_grounded, collate
 
 D, A = 5, 3
 
@@ -26,15 +27,20 @@ def _episode(rng, T=6, discrete=False, mission="reach the red ball"):
                    terminated=np.zeros(T, bool), truncated=np.zeros(T, bool), mission=mission)
 
 
-def _model(discrete=False, finetune="lora", obs_dim=D, action_dim=A):
+def _model(discrete=False, finetune="lora", obs_dim=D, action_dim=A, obs_fields=()):
     torch.manual_seed(0)
     return build_grounded(GroundingSpec(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete,
-                                        base_model="tiny", finetune=finetune))
+                                        base_model="tiny", finetune=finetune, obs_fields=[list(f) for f in obs_fields]))
+
+
+def _babyai_model():
+    return _model(True, obs_dim=kl.obs_dim("babyai"), action_dim=kl.action_spec("babyai").n,
+                  obs_fields=kl.obs_fields("babyai"))
 
 
 def _params(**kw):
     base = dict(model="tiny", trajectory_samples=4, dynamics_samples=4, goal_samples=4, reverse_samples=4,
-                window=4, steps=3, batch_size=4, dtype="float32", lr=3e-3, warmup=0)
+                window=4, epochs=1.0, batch_size=4, dtype="float32", lr=3e-3, warmup=0)
     return KalmGroundParams(**{**base, **kw})
 
 
@@ -72,8 +78,8 @@ def test_loss_falls_on_a_toy_dataset():
     rng = np.random.default_rng(1)
     model = _model()
     eps = [_episode(rng) for _ in range(3)]
-    p = _params(trajectory_samples=8, dynamics_samples=8, goal_samples=4, reverse_samples=4, steps=30,
-                batch_size=8, lr=1e-2)
+    p = _params(trajectory_samples=8, dynamics_samples=8, goal_samples=4, reverse_samples=4, epochs=10.0,
+                batch_size=8, lr=1e-2)  # 24 samples / 8 per batch x 10 epochs = 30 updates
     samples = kg.build_samples(model, eps, p, rng)
     before = kg.evaluate_losses(model, samples, p)
     rows = list(kg.train_grounding(model, samples, p, rng))
@@ -90,8 +96,8 @@ def test_loss_falls_on_a_toy_dataset():
 def test_save_load_round_trip(tmp_path, finetune):
     rng = np.random.default_rng(2)
     model = _model(finetune=finetune)
-    model.obs_mean.fill_(0.5)
-    p = _params(steps=2)
+    model.codec.mean.fill_(0.5)
+    p = _params(epochs=0.5)
     samples = kg.build_samples(model, [_episode(rng)], p, rng)
     list(kg.train_grounding(model, samples, p, rng))  # adapter and heads move away from their init
     model.eval()
@@ -103,7 +109,7 @@ def test_save_load_round_trip(tmp_path, finetune):
     with torch.no_grad():
         got = {k: float(v) for k, v in loaded.losses(batch).items()}
     assert got == pytest.approx(ref, abs=1e-5)
-    assert torch.equal(loaded.obs_mean, model.obs_mean)
+    assert torch.equal(loaded.codec.mean, model.codec.mean)
     fresh = _model(finetune=finetune)
     with torch.no_grad():
         assert float(fresh.losses(batch)["obs_loss"]) != pytest.approx(ref["obs_loss"], abs=1e-5)
@@ -140,7 +146,7 @@ def test_kv_cache_generation_equals_reencoding(discrete):
 
 def test_imagined_rollouts_stop_by_the_rule_and_rewards_follow_it():
     goal = kl.goals("babyai", "easy")[0]
-    model = _model(True, obs_dim=kl.obs_dim("babyai"), action_dim=kl.action_spec("babyai").n)
+    model = _babyai_model()
     # make the obs head emit a state that satisfies the goal's rule from the 3rd imagined state on
     settings = kl.EnvSettings(max_steps=16)
     env = kl.make_goal_env(goal, 0, settings)
@@ -151,7 +157,7 @@ def test_imagined_rollouts_stop_by_the_rule_and_rewards_follow_it():
         target = ep.observations["next_obs"][-1]
     env.close()
     assert target is not None and kl.obs_success(goal, target)
-    p = KalmImagineParams(rollouts=3, babyai_horizon=6, batch_size=3, seed=5)
+    p = KalmImagineParams(rollouts=3, babyai_horizon=6, batch_size=3, seed=30_005)
     calls = {"n": 0}
     real_imagine = model.imagine
 
@@ -173,7 +179,7 @@ def test_imagined_rollouts_stop_by_the_rule_and_rewards_follow_it():
         return acts, nexts, lengths
 
     model.imagine = imagine
-    episodes = ki.imagine_level(model, [goal], p, settings)
+    episodes = ki.imagine_level(model, [goal], p, settings, 6)
     assert len(episodes) == 3 and calls["n"] >= 1
     for e in episodes:
         assert e.info["imaginary"] is True
@@ -183,16 +189,17 @@ def test_imagined_rollouts_stop_by_the_rule_and_rewards_follow_it():
         np.testing.assert_array_equal(e.terminated, terminated)
         assert e.terminated[-1] == kl.obs_success(goal, e.observations["next_obs"][-1])
         assert e.terminated[-1] or e.truncated[-1]
-    summary, rows = ki.rollout_quality(episodes, None, settings, goals=[goal] * 3)
-    assert summary["rollouts"] == 3 and 0 <= summary["true_success"] <= 1 and summary["step_mae"] >= 0
-    assert len(rows) == 3
+    summary, rows, curve = rollout_quality(episodes, [goal] * 3, settings, consistent=[True, False, True])
+    assert summary["rollouts"] == 3 and 0 <= summary["replay_success"] <= 1 and summary["step_mae"] >= 0
+    assert summary["consistent"] == 2 and len(rows) == 3 and [r["consistent"] for r in rows] == [True, False, True]
+    assert [c["step"] for c in curve] == list(range(1, len(curve) + 1)) and curve[0]["rollouts"] == 3
 
 
 def test_imagine_horizon_without_success_truncates():
     goal = kl.goals("babyai", "hard")[0]
-    model = _model(True, obs_dim=kl.obs_dim("babyai"), action_dim=kl.action_spec("babyai").n)
+    model = _babyai_model()
     p = KalmImagineParams(rollouts=2, babyai_horizon=4, batch_size=2)
-    eps = ki.imagine_level(model, [goal], p, kl.EnvSettings(max_steps=8))
+    eps = ki.imagine_level(model, [goal], p, kl.EnvSettings(max_steps=8), 4)
     for e in eps:
         assert len(e) <= 4
         if not e.terminated[-1]:
@@ -202,7 +209,7 @@ def test_imagine_horizon_without_success_truncates():
 def test_wrong_obs_size_raises_before_generation():
     model = _model(True)  # obs_dim 5
     with pytest.raises(kl.ObservationSizeError, match="obs_dim"):
-        ki.imagine_level(model, kl.goals("babyai", "easy")[:1], KalmImagineParams(rollouts=1), None)
+        ki.imagine_level(model, kl.goals("babyai", "easy")[:1], KalmImagineParams(rollouts=1), None, 4)
 
 
 def test_grounded_policy_acts_in_the_real_env(tmp_path):
@@ -244,3 +251,178 @@ def test_episodes_stepped_as_one_batch_act_as_each_alone(discrete):
         steps = len(batched[j])
         solo = [alone(obs[t, [j]], np.asarray([0]), np.asarray([0]))[0] for t in range(steps)]
         np.testing.assert_allclose(np.asarray(solo, np.float64), np.asarray(batched[j], np.float64), atol=1e-4)
+
+
+def test_constant_training_dims_stay_bounded_when_they_vary_later():
+    """A dim that never varies in the training states (a second object's slots) enters as d / floor when it
+    varies later, not d / 1e-3, and the codec writes such a state back exactly."""
+    from llmrl.llm.grounded import ObsCodec, observation_scale
+
+    rng = np.random.default_rng(7)
+    train = rng.normal(size=(200, D)).astype(np.float32)
+    train[:, 1] = 0.25  # never varies
+    train[:, 3] = 0.0
+    mean, scale = observation_scale(train, floor=0.05)
+    assert scale[1] == pytest.approx(0.05) and scale[3] == pytest.approx(0.05) and scale[0] > 0.9
+    codec = ObsCodec(GroundingSpec(obs_dim=D, action_dim=A, discrete=False, obs_mean=mean, obs_std=scale))
+    later = train[:4].copy()
+    later[:, 1] = 0.25 + np.array([0.3, -0.2, 0.1, 0.0])  # the constant dims vary at evaluation
+    later[:, 3] = np.array([0.5, 0.4, -0.3, 0.2])
+    z = codec.encode(torch.from_numpy(later))
+    assert torch.isfinite(z).all() and z[:, 1].abs().max() <= 0.3 / 0.05 + 1e-4 and z[:, 3].abs().max() <= 10.0 + 1e-4
+    torch.testing.assert_close(codec.decode(z), torch.from_numpy(later), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="floor"):
+        observation_scale(train, floor=0.0)
+
+
+def test_babyai_states_are_categorical_and_imagined_codes_are_exact():
+    """BabyAI's grid codes are classes: real observations round-trip through the codec; the observation head's
+    argmax writes exact codes, so an imagined state can satisfy the goal's rule; training raises the accuracy."""
+    from llmrl.envs.kalm_episodes import expert_episodes
+
+    model = _babyai_model()
+    goal = kl.goals("babyai", "train")[0]
+    settings = kl.EnvSettings(max_steps=16)
+    eps = list(expert_episodes("babyai", [goal], 3, seed=0, settings=settings))
+    obs = torch.from_numpy(np.concatenate([e.observations["next_obs"] for e in eps]))
+    codec = model.codec
+    assert codec.categorical and codec.features == 49 * (11 + 6 + 3) + 4
+    torch.testing.assert_close(codec.decode(codec.encode(obs) * 10.0), obs)  # one-hot logits decode to the codes
+    assert float(codec.loss(codec.encode(obs) * 50.0, obs)) < 1e-6
+    _, nexts, _ = model.imagine([goal.instruction], obs[:1].numpy(), 3)
+    assert np.array_equal(nexts, np.round(nexts)) and nexts[..., -4:].sum(-1).tolist() == [[1.0, 1.0, 1.0]]
+    rng = np.random.default_rng(0)
+    p = _params(trajectory_samples=12, dynamics_samples=12, goal_samples=4, reverse_samples=0, epochs=6.0,
+                batch_size=8, lr=1e-2, window=8)
+    samples = kg.build_samples(model, eps, p, rng)
+    before = kg.evaluate_losses(model, samples, p)
+    list(kg.train_grounding(model, samples, p, rng))
+    after = kg.evaluate_losses(model, samples, p)
+    assert after["obs_accuracy"] > before["obs_accuracy"] and after["obs_loss"] < before["obs_loss"]
+
+
+def test_instruction_scores_with_a_shared_prompt_equal_whole_sequences():
+    """``instruction_logprobs`` runs the trajectory prompt once and the candidates from its cache: the same
+    log-probabilities as scoring each whole sequence alone."""
+    from llmrl.llm.grounded import reverse_prompt
+
+    model = _model(True)
+    rng = np.random.default_rng(4)
+    ep = _episode(rng, T=7, discrete=True)
+    cands = ["go to the red ball", "open the door", "pick up the blue key and then go to the box"]
+    got = model.instruction_logprobs(ep.observations["obs"], ep.actions, ep.observations["next_obs"][-1], cands, 4)
+    tok = model.llm.tokenizer
+    for c, value in zip(cands, got):
+        seq = reverse_prompt(model.builder, ep.observations["obs"], ep.actions, ep.observations["next_obs"][-1], 4)
+        seq = seq.text(" " + c, target=True).eos(target=True).build()
+        with torch.no_grad():
+            token_loss = float(model.losses(collate([seq], tok.pad_token_id))["token_loss"])
+        assert value == pytest.approx(-token_loss, abs=1e-4)
+
+
+def test_consistency_ranks_the_own_instruction_against_other_tasks():
+    model = _babyai_model()
+    goals = kl.goals("babyai", "easy")[:2]
+    p = KalmImagineParams(rollouts=1, babyai_horizon=3, batch_size=4)
+    eps = ki.imagine_level(model, goals, p, kl.EnvSettings(max_steps=8), 3)
+    cands = ki.consistency_candidates("babyai", "easy")
+    tasks = [c.task for c in cands]
+    assert len(tasks) == len(set(tasks))  # one instruction per task
+    assert set(tasks) == {g.task for g in kl.goals("babyai", "easy")} | {g.task for g in kl.goals("babyai", "train")}
+    every = ki.consistency(model, eps, cands, states=4)
+    drawn = ki.consistency(model, eps, cands, states=4, others=3, seed=1)
+    assert [v["competitors"] for v in every] == [len(cands) - 1] * 2 and [v["competitors"] for v in drawn] == [3, 3]
+    assert drawn == ki.consistency(model, eps, cands, states=4, others=3, seed=1)  # seeded draw
+    for v in every + drawn:
+        assert v["consistent"] == (v["own_rank"] == 1) and 1 <= v["own_rank"] <= v["competitors"] + 1
+    assert [g.instruction for g in ki.level_goals("babyai", "train")] == \
+        [next(g for g in kl.goals("babyai", "train") if g.task == t).instruction
+         for t in dict.fromkeys(g.task for g in kl.goals("babyai", "train"))]
+
+
+def test_imagination_may_not_run_past_the_trained_window():
+    ground = _params(window=8)
+    assert ki.check_horizon(KalmImagineParams(babyai_horizon=8), ground, "babyai") == 8
+    with pytest.raises(ValueError, match="kalm.imagine.metaworld_horizon = 40 exceeds kalm.ground.window = 8"):
+        ki.check_horizon(KalmImagineParams(metaworld_horizon=40), ground, "metaworld")
+
+
+def test_imagined_rollouts_cover_every_goal_equally_from_imagine_starts():
+    model = _babyai_model()
+    goals = kl.goals("babyai", "hard")[:3]
+    p = KalmImagineParams(rollouts=5, babyai_horizon=2, batch_size=4)  # 3 goals: 2 each
+    eps = ki.imagine_level(model, goals, p, kl.EnvSettings(max_steps=8), 2)
+    counts = {g.instruction: sum(e.mission == g.instruction for e in eps) for g in goals}
+    assert counts == dict.fromkeys(counts, 2)
+    assert all(kl.start_split(e.seed).name == "imagine" for e in eps)
+    with pytest.raises(ValueError, match="kalm.imagine.seed"):
+        ki.imagine_level(model, goals, p.model_copy(update={"seed": 20_000}), kl.EnvSettings(max_steps=8), 2)
+
+
+def test_replay_says_whether_the_model_imagines_at_all():
+    """Imagined actions that solve their goals when replayed clear the random reference; actions no better than
+    random do not: the gate before any claim about unseen goals."""
+    from llmrl.envs.kalm_episodes import expert_episodes
+
+    settings = kl.EnvSettings(max_steps=20, room_size=6, num_distractors=1)
+    goals = [g for g in ki.level_goals("babyai", "train") if g.task.startswith("goto")][:4]
+    solved = list(expert_episodes("babyai", goals, 4, seed=30_000, settings=settings))  # as if imagined
+    ep_goals = [g for g in goals for _ in range(4)]
+    good, _, _ = rollout_quality(solved, ep_goals, settings)
+    assert good["replay_success"] == 1.0 and good["random_replay_success"] < 0.6 and good["imagines"] is True
+    rng = np.random.default_rng(0)
+    noise = [Episode(observations=e.observations, actions=rng.integers(0, 7, len(e)), rewards=e.rewards,
+                     terminated=e.terminated, truncated=e.truncated, mission=e.mission, seed=e.seed, info=e.info)
+             for e in solved]
+    bad, _, _ = rollout_quality(noise, ep_goals, settings)
+    assert bad["imagines"] is False
+
+
+def test_the_validation_split_picks_the_grounding_weights():
+    """With eval_every, the held-out loss is measured along training and the model ends with the weights of its
+    lowest point (a small model overfits a few thousand samples)."""
+    rng = np.random.default_rng(11)
+    model = _model()
+    train = [_episode(rng, mission="reach the red ball") for _ in range(2)]
+    val = [_episode(rng, mission="open the blue door") for _ in range(2)]
+    p = _params(epochs=6.0, batch_size=4, lr=3e-2, eval_every=2)  # 16 samples: 24 updates, measured 12 times
+    samples = kg.build_samples(model, train, p, rng)
+    held = kg.build_samples(model, val, p, np.random.default_rng(1))
+    rows = list(kg.train_grounding(model, samples, p, rng, validation=held))
+    measured = {r["step"]: r["heldout_loss"] for r in rows if "heldout_loss" in r}
+    assert sorted(measured) == list(range(2, 25, 2))
+    best = min(measured, key=measured.get)
+    assert rows[-1]["selected"] == best and sum("selected" in r for r in rows) == 1
+    assert kg.evaluate_losses(model, held, p)["loss"] == pytest.approx(measured[best], abs=1e-4)
+    plain = list(kg.train_grounding(_model(), samples, _params(epochs=1.0), rng, validation=held))
+    assert not any("heldout_loss" in r or "selected" in r for r in plain)  # eval_every 0: the last weights
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_a_step_appends_its_action_and_state_placeholders(discrete):
+    """Imagination appends a_t and s_{t+1} one forward pass apart, acting in a real environment both in one block:
+    each placeholder carries its own value, the other slot zeros (a block of two rounds like two blocks of one to the
+    last bit of float32 only: the projections run as one matrix product)."""
+    model = _model(discrete=discrete)
+    rng = np.random.default_rng(0)
+    B = 3
+    action = torch.as_tensor(rng.integers(0, A, B) if discrete else rng.normal(size=(B, A)).astype(np.float32))
+    state = torch.as_tensor(rng.normal(size=(B, D)).astype(np.float32))
+    ids = model.builder.placeholder_ids
+    zero_act = torch.zeros((B, 1), dtype=torch.long) if discrete else torch.zeros((B, 1, A))
+    alone_a = model.embed(torch.full((B, 1), ids["action"]), torch.full((B, 1), ACTION), torch.zeros((B, 1, D)),
+                          action.reshape(B, 1) if discrete else action.reshape(B, 1, A))
+    alone_s = model.embed(torch.full((B, 1), ids["state"]), torch.full((B, 1), STATE), state.reshape(B, 1, D),
+                          zero_act)
+    torch.testing.assert_close(model.step_embeds(B, action=action), alone_a, rtol=0, atol=0)
+    torch.testing.assert_close(model.step_embeds(B, state=state), alone_s, rtol=0, atol=0)
+    both = model.step_embeds(B, action=action, state=state)
+    torch.testing.assert_close(both, torch.cat([alone_a, alone_s], 1), rtol=0, atol=1e-6)
+
+
+def test_the_held_out_set_takes_an_eighth_of_each_patterns_samples():
+    p = _params(trajectory_samples=160, dynamics_samples=17, goal_samples=4, reverse_samples=8)
+    v = kg.validation_params(p)
+    assert (v.trajectory_samples, v.dynamics_samples, v.goal_samples, v.reverse_samples) == (20, 2, 1, 1)
+    assert v.model_dump(exclude={"trajectory_samples", "dynamics_samples", "goal_samples", "reverse_samples"}) == \
+        p.model_dump(exclude={"trajectory_samples", "dynamics_samples", "goal_samples", "reverse_samples"})

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes, train_offline
-from llmrl.agents.offline_policy import OfflinePolicy
+from llmrl.agents.offline_policy import OfflinePolicy, save_learnable
 from llmrl.config import ParamsError, load_section
 from llmrl.config.kalm import KalmOfflineParams, OfflineAlgo
 from llmrl.data.embeddings import EmbeddingTable, MissingEmbeddingError
 from llmrl.envs.kalm_episodes import expert_episodes
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
-from llmrl.eval.kalm import EnvPool, offline_act, random_act, run_level
+from llmrl.eval.kalm import offline_act, random_act, run_level
 
 
 def _episode(length: int, mission: str, d: int = 151, imaginary: bool = False) -> Episode:
@@ -83,7 +83,7 @@ def test_params_validate_d3rlpy_config_and_levels():
 @pytest.fixture(scope="module")
 def tiny_goto():
     """Bot episodes on four go-to goals in a small room, embedded with the tiny LLM."""
-    from llmrl.llm import load_model
+    from llmrl.llm.load import load_model
     from llmrl.llm.embed import build_table
 
     goals = [g for g in kl.goals("babyai", "train") if g.task.startswith("goto:")
@@ -105,14 +105,14 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
     rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai"), algo.steps, log_every=200))
     assert [r["step"] for r in rows] == [200, 400, 600]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
-    pool = EnvPool(goals, settings)
+    pool = kl.GoalEnvPool(settings)
     embeds = table.lookup([g.instruction for g in goals])
     policy = OfflinePolicy(learnable, embeds[0])
-    trained = np.mean([o.success for o in run_level(offline_act(policy, embeds), pool, 40, 50_000)])
-    rand = np.mean([o.success for o in run_level(random_act("babyai", 0), pool, 40, 50_000)])
+    trained = np.mean([o.success for o in run_level(offline_act(policy, embeds), goals, pool, 10, 20_000)])
+    rand = np.mean([o.success for o in run_level(random_act("babyai", 0), goals, pool, 10, 20_000)])
     assert trained >= rand + 0.15, (trained, rand)  # measured: 0.50 vs 0.25 (seed 0), 0.475 (seed 1)
     # save -> d3rlpy.load_learnable round trip gives the same actions
-    learnable.save(str(tmp_path / "model.d3"))
+    save_learnable(learnable, tmp_path / "model.d3")
     loaded = OfflinePolicy.load(tmp_path / "model.d3", embeds[0])
     x = np.stack([e.observations["obs"][0] for e in episodes[:8]])
     np.testing.assert_array_equal(loaded.act_batch(x, embeds[[0] * 8]), policy.act_batch(x, embeds[[0] * 8]))
@@ -144,16 +144,26 @@ def test_evaluate_benchmark_aggregates_over_training_seeds(tiny_goto, tmp_path):
         learnable = make_learnable(algo, seed)
         list(train_offline(learnable, build_dataset(episodes[:20], table, "babyai"), algo.steps, 20))
         (tmp_path / f"dbc-real-{seed}").mkdir()
-        learnable.save(str(tmp_path / f"dbc-real-{seed}" / "model.d3"))
+        save_learnable(learnable, tmp_path / f"dbc-real-{seed}" / "model.d3")
         runs.append(("dbc-real", tmp_path / f"dbc-real-{seed}" / "model.d3"))
+    easy = kl.goals("babyai", "easy")
     out = evaluate_benchmark("babyai", offline_runs=runs, table=full, levels=["easy"],
-                             settings=kl.EnvSettings(max_steps=10), episodes=6, first_seed=100, random_seeds=3)
+                             settings=kl.EnvSettings(max_steps=10), episodes=1, first_seed=20_000, random_seeds=3)
     rows = {r["row"]: r for r in out["rows"]}
     assert set(rows) == {"dbc-real", "random"}
-    assert rows["dbc-real"]["n_seeds"] == 2 and rows["dbc-real"]["episodes"] == 12
-    assert rows["random"]["n_seeds"] == 3 and rows["random"]["episodes"] == 18
+    n = len(easy)  # every goal once per seed
+    assert rows["dbc-real"]["n_seeds"] == 2 and rows["dbc-real"]["episodes"] == 2 * n
+    assert rows["random"]["n_seeds"] == 3 and rows["random"]["episodes"] == 3 * n
+    assert set(rows["random"]["success_by_goal"]) == {g.instruction for g in easy}
+    played = [e["goal"] for e in out["episodes"] if e["row"] == "random"]
+    assert all(played.count(g.instruction) == 3 for g in easy)
+    assert all(kl.start_split(e["episode_seed"]).name == "test" for e in out["episodes"])
     assert rows["random"]["ci_low"] <= rows["random"]["value"] <= rows["random"]["ci_high"]
     for row in rows.values():  # success rates: never narrower than the pooled Wilson interval (0/12 is not [0, 0])
         assert row["ci_high"] > row["value"] or row["value"] == 1.0
     assert set(out["headline"]) == {"dbc-real", "random"}
-    assert len(out["episodes"]) == 12 + 18
+    assert out["headline"]["random"] == {"easy": rows["random"]["value"], "mean": rows["random"]["value"]}
+    assert len(out["episodes"]) == 5 * n
+    with pytest.raises(ValueError, match="kalm.eval.seed"):
+        evaluate_benchmark("babyai", offline_runs=runs, table=full, levels=["easy"], settings=kl.EnvSettings(),
+                           episodes=1, first_seed=0, random_seeds=1)

@@ -2,17 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from llmrl.llm import (
-    LoraSettings,
-    ModelSpecError,
-    SamplingConfig,
-    generate,
-    load_model,
-    save_model,
-    score,
-    score_naive,
-    score_tensors,
-)
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.generate import generate, SamplingConfig
+from llmrl.llm.score import score, score_naive, score_tensors
+from llmrl.llm.load import load_model, ModelSpecError, save_model
 
 ACTIONS = [" turn left", " turn right", " go forward", " pick up", " drop", " toggle"]
 PROMPTS = [

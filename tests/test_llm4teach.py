@@ -25,10 +25,11 @@ from llmrl.agents.teacher import (
     parse_reply,
     validate_plan,
 )
-from llmrl.algos.mappo import make_mappo_agent, train_mappo
+from llmrl.algos.mappo import make_mappo_agent
+from llmrl.algos.mappo import train as train_mappo
 from llmrl.algos.distilled_ppo import make_vector_env, ppo_loss, train
 from llmrl.config.ppo import DistillParams, PPOParams
-from llmrl.envs import make_env
+from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.eval.seeds import aggregate_seeds
@@ -382,7 +383,7 @@ def test_ppo_with_oracle_teacher_lowers_distillation_loss():
     agent = GridStudent(10, 10, 7)
     before = [p.detach().clone() for p in agent.parameters()]
     teacher = TeacherPolicy("doorkey", OraclePlanner("doorkey"), 7)
-    hist = list(train(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(),
+    hist = list(train(agent, envs, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(),
                       progress=False))
     assert len(hist) == 8 and hist[0]["distill_coef"] == 10.0 and hist[-1]["distill_coef"] == pytest.approx(9.965)
     assert np.mean([h["distill_loss"] for h in hist[-2:]]) < 0.8 * hist[0]["distill_loss"]
@@ -392,7 +393,7 @@ def test_ppo_with_oracle_teacher_lowers_distillation_loss():
 def test_pure_ppo_has_no_teacher_term():
     cfg = PPOParams(total_frames=2 * 128, num_envs=2, num_steps=64, epochs=1, minibatch_size=64)
     envs = make_vector_env(lambda: make_env(SIMPLE), cfg.num_envs)
-    hist = list(train(envs, GridStudent(10, 10, 7), cfg, seed=1, progress=False))
+    hist = list(train(GridStudent(10, 10, 7), envs, cfg, seed=1, progress=False))
     assert [h["iteration"] for h in hist] == [1, 2]
     assert all(h["distill_coef"] == 0.0 and h["distill_loss"] == 0.0 for h in hist)
 
@@ -404,7 +405,7 @@ def test_mappo_with_teacher_trains_shared_actor():
     before = [p.detach().clone() for p in agent.parameters()]
     cfg = PPOParams(total_frames=6 * 25 * 2 * 3, num_envs=2, num_steps=25, epochs=4, minibatch_size=50, lr=3e-3)
     teacher = TeacherPolicy("simple_spread", OraclePlanner("simple_spread"), 5)
-    hist = list(train_mappo(envs, agent, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(),
+    hist = list(train_mappo(agent, envs, cfg, seed=0, teacher=teacher.distributions, distill=DistillParams(),
                             progress=False))
     assert len(hist) == 6 and all("return_mean" in h for h in hist)
     assert hist[-1]["distill_loss"] < hist[0]["distill_loss"]
@@ -431,7 +432,7 @@ def test_plain_mappo_beats_random_on_spread():
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions)
     cfg = PPOParams(total_frames=100 * 8 * 25 * 3, num_envs=8, num_steps=25, epochs=4, minibatch_size=200, lr=1e-3,
                     reward_scale=0.1, entropy_coef=0.01)
-    list(train_mappo(envs, agent, cfg, seed=0, progress=False))
+    list(train_mappo(agent, envs, cfg, seed=0, progress=False))
     rng = np.random.default_rng(0)
     random = np.mean(evaluate_spread(lambda obs: rng.integers(0, 5, len(obs)), 40, 123))
     trained = np.mean(evaluate_spread(greedy_joint_policy(agent), 40, 123))
@@ -540,7 +541,8 @@ def test_admissible_plans_are_valid_and_hold_the_oracle_plan(kind):
 def test_scoring_teacher_is_the_softmax_of_the_plans_log_probs():
     from llmrl.agents.teacher import ScoringPlanner, TablePlanner, admissible_plans
     from llmrl.agents.teacher.planners import planner_messages
-    from llmrl.llm import load_model, score_naive
+    from llmrl.llm.load import load_model
+    from llmrl.llm.score import score_naive
 
     llm = load_model("tiny")
     planner = ScoringPlanner("doorkey", llm, answer_prefix="Action: {")

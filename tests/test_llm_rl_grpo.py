@@ -9,7 +9,8 @@ from llmrl.agents.math_solver import build_messages
 from llmrl.algos.grpo import train
 from llmrl.algos.llm_rl_grpo import build_dataset, build_trainer, correctness_reward, trainer_params
 from llmrl.config.llm_rl import CommonTrainParams, GRPOParams, ReinforceKLParams, ReinforceTrainParams
-from llmrl.llm import LoraSettings, load_model
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.load import load_model
 
 PROBLEMS = [{"id": f"p{i}", "problem": f"What is {i} + 1?", "solution": f"The answer is: {i + 1}",
              "answer": str(i + 1)} for i in range(6)]
@@ -118,3 +119,24 @@ def test_seeded_row_sampler_draws_softmax_and_ignores_its_batch_companions():
         b = mixed(None, torch.stack([other, logits, other]))
         assert torch.equal(a[0], b[1])
     assert completion_seed(0, 0, 7) != completion_seed(0, 1, 7) != completion_seed(1, 0, 7)
+
+
+def test_training_seed_reaches_grpo_sampling(tmp_path):
+    """llm_rl_train's item seed (``ReinforceTrainParams.for_seed``) is TRL's seed and each completion's sampling
+    seed: two seeds sample other completions, one seed twice the same."""
+    from llmrl.seeding import seed_everything
+
+    section = ReinforceTrainParams(seeds=[0, 1], common=_common(temperature=1.0).model_dump(exclude={"seed"}))
+
+    def completions(seed: int, run_dir: str) -> list[str]:
+        seed_everything(0)
+        cfg = trainer_params(section.for_seed(seed).common, GRPOParams())
+        assert cfg.seed == seed
+        record: list[dict] = []
+        list(train(build_trainer(load_model("tiny"), PROBLEMS[1:], PROBLEMS[:1], cfg, output_dir=tmp_path / run_dir,
+                                 record=record)))
+        return [r["completion"] for r in record]
+
+    zero = completions(0, "a")
+    assert completions(0, "b") == zero
+    assert completions(1, "c") != zero

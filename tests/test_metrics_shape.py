@@ -1,8 +1,10 @@
 """Readable metrics: the committed metrics files of the whole pipeline fit in one terminal-readable table.
 
 ``dvc metrics show`` prints one row per metrics file and one column per distinct key path, so the shared
-vocabulary (``llmrl.eval.headline``) keeps the column count small however many agents and seeds there are.
-Episode tables, prompt dumps and curves are plain outs or plots, never metrics.
+vocabulary (``llmrl.eval.headline``) keeps the column count small however many agents and seeds there are
+(issue 35, item 5: at most 40 columns for the default pipeline). Metrics files hold headline numbers only: training
+summaries, environment lines, dtypes, verdicts, episode tables, prompt dumps and curves are plain outs or plots. The
+one string a metrics file keeps is its ``checksum`` (``llmrl.files.write_json``: the report refuses a damaged file).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_COLUMNS = 80
+MAX_COLUMNS = 40
 
 
 def _declared_metrics() -> list[str]:
@@ -62,3 +64,15 @@ def test_metrics_hold_headline_figures_not_tables():
             if isinstance(value, list):
                 assert len(value) <= 10 and all(not isinstance(v, (dict, list)) for v in value), \
                     f"{f.relative_to(ROOT)}: {key} is a table; write it to a plain out or a plot"
+
+
+def non_numeric(files: list[Path]) -> list[str]:
+    """``file: key=value`` for every leaf of the metrics ``files`` that is not a number or a boolean (their
+    ``checksum`` aside)."""
+    return [f"{f}: {key}={value!r}" for f in files for key, value in _leaves(json.loads(f.read_text()))
+            if key != "checksum" and (isinstance(value, str) or not isinstance(value, (int, float, bool)))]
+
+
+def test_metrics_hold_numbers_only():
+    found = non_numeric(_metric_files())
+    assert not found, "non-numeric metrics (move them to a plain out):\n" + "\n".join(found[:20])

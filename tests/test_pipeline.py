@@ -46,10 +46,14 @@ def clone(tmp_path) -> Path:
         if (ROOT / f).is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dst / f)
+    # the same small budgets in params.yaml and in conf/, which `dvc exp run` composes params.yaml from (Hydra)
     params = yaml.safe_load((dst / "params.yaml").read_text())
-    params["demos"]["episodes"] = 3
-    params["eval_baselines"]["episodes"] = 3
+    shared = yaml.safe_load((dst / "conf" / "shared.yaml").read_text())
+    for sections in (params, shared):
+        sections["demos"]["episodes"] = 3
+        sections["eval_baselines"]["episodes"] = 3
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (dst / "conf" / "shared.yaml").write_text("# @package _global_\n" + yaml.safe_dump(shared, sort_keys=False))
     _git("init", "-q", cwd=dst)
     _dvc("remote", "add", "-f", "-d", "local", str(tmp_path / "remote"), cwd=dst)
     _git("add", "-A", cwd=dst)
@@ -137,7 +141,7 @@ stages:
 
 
 def test_prefect_flow_runs_dag_in_order(tmp_path):
-    from pipelines.reproduce import read_dag
+    from pipelines.dag import read_dag
 
     root = tmp_path / "toy"
     root.mkdir()
@@ -267,7 +271,7 @@ def _outputs(root):
 
 @pytest.mark.parametrize("remote", [False, True])
 def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
-    from pipelines.reproduce import read_dag
+    from pipelines.dag import read_dag
 
     serial = _toy_parallel_repo(tmp_path / "serial")
     assert {n.name: n.cpus for n in read_dag(serial)}["wide"] == 2
@@ -375,7 +379,7 @@ def test_core_slots_first_fit():
     import threading
     import time
 
-    from pipelines.reproduce import CoreSlots
+    from pipelines.slots import CoreSlots
 
     cores = CoreSlots(2)
     events = []
@@ -408,7 +412,7 @@ def test_core_slots_serve_the_longer_chain_first():
     import threading
     import time
 
-    from pipelines.reproduce import CoreSlots
+    from pipelines.slots import CoreSlots
 
     cores = CoreSlots(1)
     started = []
@@ -433,7 +437,7 @@ def test_core_slots_keep_large_stages_apart():
     import threading
     import time
 
-    from pipelines.reproduce import CoreSlots
+    from pipelines.slots import CoreSlots
 
     slots = CoreSlots(2, mem_gib=7.5)
     running, peak = [], []
@@ -458,3 +462,43 @@ def test_core_slots_keep_large_stages_apart():
     assert 5.5 in peak
     with slots.hold(1, 20.0):  # larger than the whole budget: runs alone instead of never
         pass
+
+
+def test_a_fresh_clone_runs_only_the_study_parts_still_to_do(tmp_path):
+    """The study pipeline (study/dvc.yaml) in parts: a part done and committed elsewhere (its cached model absent
+    here, its git-tracked result present) is not run again; a new part runs, with the default pipeline's upstream
+    stage whose output it needs; the default pipeline's `dvc repro` never starts a study stage."""
+    from pipelines.dag import read_dag
+
+    repo = tmp_path / "done"
+    (repo / "study").mkdir(parents=True)
+    (repo / "params.yaml").write_text("n: 1\n")
+    (repo / "study" / "params.yaml").write_text("n: 2\n")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "base": {"cmd": "echo base > base.txt", "outs": ["base.txt"]}}}))
+    study = {
+        "part1_model": {"wdir": "..", "cmd": "cat base.txt > study/m1.bin", "deps": ["base.txt"],
+                        "outs": ["study/m1.bin"]},
+        "part1_result": {"wdir": "..", "cmd": "cat study/m1.bin > study/r1.json", "deps": ["study/m1.bin"],
+                         "metrics": [{"study/r1.json": {"cache": False}}]},
+    }
+    (repo / "study" / "dvc.yaml").write_text(yaml.safe_dump({"stages": study}))
+    _git("init", "-q", cwd=repo)
+    _dvc("init", "-q", cwd=repo)
+    _dvc("repro", "-q", "study/dvc.yaml", cwd=repo)
+    _git("add", "-A", cwd=repo)
+    _git("commit", "-qm", "part 1", cwd=repo)
+    fresh = tmp_path / "fresh"
+    _git("clone", "-q", str(repo), str(fresh), cwd=tmp_path)
+    assert not (fresh / "study" / "m1.bin").exists() and (fresh / "study" / "r1.json").is_file()
+    assert [n.name for n in read_dag(fresh, pipeline="study/dvc.yaml", allow_missing=True)] == []
+    assert {n.name for n in read_dag(fresh, pipeline="study/dvc.yaml")} == {
+        "base", "study/dvc.yaml:part1_model", "study/dvc.yaml:part1_result"}
+    assert [n.name for n in read_dag(fresh)] == ["base"]  # the default pipeline: no study stage
+    study["part2"] = {"wdir": "..", "cmd": "cat base.txt > study/r2.json", "deps": ["base.txt"],
+                      "metrics": [{"study/r2.json": {"cache": False}}]}
+    (fresh / "study" / "dvc.yaml").write_text(yaml.safe_dump({"stages": study}))
+    assert [n.name for n in read_dag(fresh, pipeline="study/dvc.yaml", allow_missing=True)] == [
+        "base", "study/dvc.yaml:part2"]
+    with pytest.raises(ValueError, match="no stages"):
+        read_dag(fresh, pipeline="other/dvc.yaml")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.reproduce import artifact_key, read_metrics_files, stage_markdown
+from pipelines.artifacts import artifact_key, read_metrics_files, stage_markdown
 
 from .conftest import ROOT
 from .test_pipeline import _dvc, _free_port, _git, _run
@@ -70,7 +70,7 @@ def test_artifact_keys_follow_prefects_rule():
 
 
 def test_a_failing_publish_does_not_fail_the_stage(tmp_path, monkeypatch):
-    import pipelines.reproduce as reproduce
+    import pipelines.artifacts as artifacts
 
     def refuse(**kwargs):
         raise ConnectionError("no API")
@@ -81,8 +81,8 @@ def test_a_failing_publish_does_not_fail_the_stage(tmp_path, monkeypatch):
         def warning(self, msg, *args):
             warnings.append(msg % args)
 
-    monkeypatch.setattr(reproduce, "create_markdown_artifact", refuse)
-    reproduce._publish("s", "ran", 1.0, 0.0, str(tmp_path), ("metrics/gone.json",), Log())
+    monkeypatch.setattr(artifacts, "create_markdown_artifact", refuse)
+    artifacts.publish("s", "ran", 1.0, 0.0, str(tmp_path), ("metrics/gone.json",), Log())
     assert warnings == ["stage s: could not publish its metrics artifact: ConnectionError('no API')"]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from llmrl.llm import SamplingConfig, generate, load_model
+from llmrl.llm.generate import SamplingConfig, generate
+from llmrl.llm.load import load_model
 from llmrl.llm.prefix import common_prefix_length, generate_shared_prefix, split_prefix, suffix_token_logprobs
 
 
@@ -68,7 +69,7 @@ def test_suffix_logprobs_match_full_forward_and_carry_gradients():
 
 
 def test_local_backend_with_a_shared_prefix_replies_as_the_plain_one():
-    from llmrl.llm import LocalBackend
+    from llmrl.llm.backends import LocalBackend
 
     llm = load_model("tiny:7")
     chats = [[{"role": "system", "content": "You tune parameters. " * 10},

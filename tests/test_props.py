@@ -1,6 +1,6 @@
 """ProPS: the strict parser and the re-ask path, prompts rendered from the policy, the linear policy's maths,
-token trimming, reply-cache replay, LLM faults taking the fallback (real HTTP server + real openai client),
-and the black-box baselines improving on CartPole."""
+token trimming and the reply cap, reply-cache replay, LLM faults taking the fallback (real HTTP server + real openai
+client), the counters of where proposals came from, and the black-box baselines improving on CartPole."""
 
 import re
 
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from llmrl.agents.linear_policy import LinearPolicy, QTablePolicy, evaluate_params, policy_for
 from llmrl.algos.blackbox import cem, random_search
 from llmrl.algos.props_prompts import (
+    PLACEHOLDER,
     PromptSettings,
     chat_token_counter,
     format_example,
@@ -19,12 +20,14 @@ from llmrl.algos.props_prompts import (
     parse_reply,
     render_correction,
     render_search_prompt,
+    reply_token_cap,
+    search_messages,
     trim_history,
 )
 from llmrl.algos.props_search import OptimizerLLM, build_optimizer_llm, props_search
 from llmrl.config.props import CEMParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import TASKS, get_task
-from llmrl.llm import CacheMissError, OpenAIChatBackend
+from llmrl.llm.backends import CacheMissError, OpenAIChatBackend
 from tests.test_remote import _Server
 
 SPACE = PropsSpaceParams()
@@ -38,6 +41,10 @@ SPACE = PropsSpaceParams()
     "<think>f rose when\nparams[0] grew</think>\n<policy>params[0]: 1.5; params[1]: -2; params[2]: 0.25</policy>",
     "params[0]: 1.5; params[1]: -2; params[2]: 0.25; f(params): 40",
     "params[2] = 0.25; params[0] = 1.5; params[1] = -2.",
+    # cut by the token cap inside the trailing echo: the parameters before it are complete
+    "params[0]: 1.5; params[1]: -2; params[2]: 0.25; f(par",
+    "params[0]: 1.5; params[1]: -2; params[2]: 0.25; f(params): -12.",
+    "params[0]: 1.5; params[1]: -2; params[2]: 0.25; f",
 ])
 def test_parser_accepts_good_replies(text):
     r = parse_reply(text, 3, -6, 6, current=[0, 0, 0])
@@ -53,6 +60,9 @@ def test_parser_accepts_good_replies(text):
     ("params[0]: 1; params[1]: 6.5; params[2]: 3", "out_of_range", "params[1] = 6.5 is outside [-6, 6]"),
     ("params[0]: 1; params[1]: 2; params[1]: 3", "repeated_index", "params[1]"),
     ("params[0]: 0.5; params[1]: -1; params[2]: 2", "same_as_current", "current point"),
+    ("params[0]: <value>; params[1]: <value>; params[2]: <value>", "example_copy", "placeholder"),
+    ("params[0]: 1.5; params[1]: <value>; params[2]: 3", "example_copy", "placeholder"),
+    ("params[0]: 1; params[1]: 2; f(par", "too_few", "missing params[2]"),  # the echo cut, a parameter missing
     ("I think the answer is 42.", "no_answer", "params[0]"),
     ("params[0]: one; params[1]: 2; params[2]: 3", "junk", "params[0]: one"),
     ("", "no_answer", ""),
@@ -91,13 +101,16 @@ def test_rendered_count_and_layout_equal_the_policys(key, template):
     counts |= {int(x) for x in re.findall(r"The policy has (\d+) parameters", prompt)}
     assert counts == {n}
     example = prompt.splitlines()[-1]
-    assert "only an example" in prompt.splitlines()[-2]
+    assert f"a number in place of each {PLACEHOLDER}" in prompt.splitlines()[-2]
     assert example == format_example(n)
-    if n <= 24:
-        filled = parse_reply(example, n, -6, 6)
-        assert filled.ok and len(filled.params) == n
+    # the format example is no point: copied, it is rejected and counted as a copy
+    assert parse_reply(example, n, -6, 6).error == "example_copy"
+    assert not re.search(r"params\[\d+\]: -?\d", example)
     assert history_line(*hist[0]) in prompt
     assert "iteration 2 of 9" in prompt and "about 1" in prompt or task.step_size != 1.0
+    system, user = search_messages(template, task=task, policy=policy, history=hist, iteration=2, total_iterations=9,
+                                   settings=settings)
+    assert system["role"] == "system" and format_example(n) in system["content"] and user["content"] == prompt
     if template == "semantic":
         assert task.description in prompt
         if isinstance(policy, LinearPolicy):
@@ -162,15 +175,15 @@ def test_token_trimming_keeps_newest_entries_under_budget(tiny_llm):
 
 
 def _params(**kw):
-    base = dict(tasks=["mountaincar_continuous"], iterations=2, episodes_per_eval=2,
-                max_episode_steps={"mountaincar_continuous": 50}, prompt_token_budget=900)
+    base = dict(tasks=["pendulum"], iterations=2, episodes_per_eval=2, max_episode_steps={"pendulum": 50},
+                prompt_token_budget=900)
     base.update(kw)
     return PropsSearchParams(**base)
 
 
 def _run(optimizer, llm_params, **kw):
     states = []
-    rows = list(props_search("mountaincar_continuous", ["props", "props_plus"], [0, 1], optimizer, _params(**kw),
+    rows = list(props_search("pendulum", ["props", "props_plus"], [0, 1], optimizer, _params(**kw),
                              SPACE, llm_params, states_out=states))
     return rows, states
 
@@ -180,14 +193,14 @@ def _strip(rows):
 
 
 def test_reply_cache_replays_offline(tiny_llm, tmp_path):
-    lp = PropsLLMParams(spec="tiny", max_new_tokens=12, answer_prefix="params[0]:", max_retries=0)
+    lp = PropsLLMParams(spec="tiny", answer_prefix="params[0]:")
     rows, states = _run(build_optimizer_llm(lp, cache_dir=tmp_path / "replies", llm=tiny_llm), lp, max_reasks=1)
     assert len(rows) == 2 * 4 and rows[-1]["llm_calls"] >= 2
     assert all(r["episodes"] == 2 * r["step"] for r in rows)
     files = sorted((tmp_path / "replies").rglob("*.json"))
     assert files
     before = {f: f.read_bytes() for f in files}
-    offline = PropsLLMParams(spec="tiny", max_new_tokens=12, answer_prefix="params[0]:", offline=True)
+    offline = PropsLLMParams(spec="tiny", answer_prefix="params[0]:", offline=True)
     rows2, states2 = _run(build_optimizer_llm(offline, cache_dir=tmp_path / "replies", llm=tiny_llm), offline,
                           max_reasks=1)
     assert _strip(rows2) == _strip(rows)
@@ -202,7 +215,7 @@ def test_reply_cache_replays_offline(tiny_llm, tmp_path):
 
 def _openai_optimizer(url, tokenizer):
     backend = OpenAIChatBackend("m", url, max_retries=0, timeout_s=10)
-    return OptimizerLLM(backend, chat_token_counter(tokenizer), backend.model_id)
+    return OptimizerLLM(backend, chat_token_counter(tokenizer), backend.model_id, tokenizer)
 
 
 def test_endpoint_500_takes_the_fallback_and_is_counted(tiny_llm):
@@ -214,7 +227,7 @@ def test_endpoint_500_takes_the_fallback_and_is_counted(tiny_llm):
         hits["n"] += 1
         return JSONResponse({"error": {"message": "internal"}}, status_code=500)
 
-    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny", max_retries=0)
+    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny", faults={"max_retries": 0})
     with _Server(app) as url:
         rows, states = _run(_openai_optimizer(url, tiny_llm.tokenizer), lp)
     assert hits["n"] == 2  # one batched round per iteration, each failing once (no retries)
@@ -241,7 +254,7 @@ def test_reask_path_with_scripted_endpoint(tiny_llm):
         return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
 
-    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny", max_retries=0)
+    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny", faults={"max_retries": 0})
     states = []
     with _Server(app) as url:
         rows = list(props_search("mountaincar_continuous", ["props"], [0], _openai_optimizer(url, tiny_llm.tokenizer),
@@ -249,8 +262,8 @@ def test_reask_path_with_scripted_endpoint(tiny_llm):
     assert rows[0]["llm_calls"] == 3 and rows[0]["reasks"] == 2 and rows[0]["parse_failures"] == 2
     assert rows[0]["fallbacks"] == 0
     np.testing.assert_array_equal(states[0].history[0][0], [0.5, 1, -0.5])
-    assert len(seen[1]) == 3 and seen[1][1]["content"] == replies[0]
-    assert "not of the form" in seen[1][2]["content"] or "no line" in seen[1][2]["content"]
+    assert len(seen[1]) == 4 and seen[1][0]["role"] == "system" and seen[1][2]["content"] == replies[0]
+    assert "not of the form" in seen[1][3]["content"] or "no line" in seen[1][3]["content"]
     assert "outside [-6, 6]" in seen[2][-1]["content"]
     errors = [e["parse"]["error"] for e in states[0].records[0]["exchanges"]]
     assert errors == ["no_answer", "out_of_range", None]
@@ -265,7 +278,65 @@ def test_programming_error_is_not_a_fault(tiny_llm):
 
     lp = PropsLLMParams(spec="tiny")
     with pytest.raises(TypeError, match="a bug"):
-        _run(OptimizerLLM(Broken(), chat_token_counter(tiny_llm.tokenizer), "broken"), lp)
+        _run(OptimizerLLM(Broken(), chat_token_counter(tiny_llm.tokenizer), "broken", tiny_llm.tokenizer), lp)
+
+
+def _scripted(replies):
+    """An OpenAI-compatible chat endpoint answering ``replies`` in turn (the last one ever after)."""
+    seen = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def scripted(request: dict):
+        seen.append(request["messages"])
+        text = replies[min(len(seen) - 1, len(replies) - 1)]
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+
+    return app, seen
+
+
+def test_rows_count_where_proposals_came_from(tiny_llm):
+    """A copied placeholder is an example copy; a search without a usable reply falls back, and its row and
+    record say so; the counters add up."""
+    copy = "params[0]: <value>; params[1]: <value>; params[2]: <value>"
+    app, seen = _scripted([copy, "params[0]: 0.5; params[1]: 1; params[2]: -0.5", copy, copy])
+    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny")
+    states = []
+    with _Server(app) as url:
+        rows = list(props_search("mountaincar_continuous", ["props"], [0], _openai_optimizer(url, tiny_llm.tokenizer),
+                                 _params(iterations=2, max_reasks=1), SPACE, lp, states_out=states))
+    assert seen[0][0]["role"] == "system" and "<value>" in seen[0][0]["content"]  # the one ProPS system message
+    assert [r["proposal"] for r in rows] == ["llm", "fallback"]
+    last = rows[-1]
+    assert (last["llm_proposals"], last["fallbacks"], last["llm_calls"], last["reasks"]) == (1, 1, 4, 2)
+    assert last["example_copies"] == 3 == last["parse_errors"]["example_copy"] == last["parse_failures"]
+    assert states[0].records[1]["proposal"] == "fallback" and "fallback" in states[0].records[1]
+    from llmrl.eval.props import headline, mean_curve
+
+    run = {"rows": rows, "best_return": states[0].best_return, "final_eval": [0.0, 1.0]}
+    h = headline([run, {**run, "final_eval": [1.0, 2.0]}], reps=50)["llm"]
+    assert h["llm_proposed"] == 0.5 and h["example_copy_rate"] == 0.75 and h["parse_errors"] == {"example_copy": 6}
+    assert [p["fallbacks"] for p in mean_curve([rows, rows])] == [0, 2]
+
+
+def test_reply_cap_holds_a_complete_answer_and_a_smaller_cap_is_refused():
+    """With the embedded model's own tokenizer: the widest answer the format allows fits the cap for every task's
+    parameter count; a configured cap below it is an error before any request."""
+    from llmrl.llm.load import load_tokenizer
+
+    tok = load_tokenizer("embedded:smollm2-135m-instruct")
+    for key in ("cartpole", "mountaincar_continuous", "inverted_pendulum", "swimmer"):
+        n = policy_for(key).n_params
+        cap = reply_token_cap(tok, n, -6, 6, 1)
+        widest = "; ".join(f"params[{i}]: -5.55" for i in range(n)) + "; f(params): -123.45"
+        ids = tok(widest, add_special_tokens=False)["input_ids"]
+        cut = tok.decode(ids[:cap])  # what a reply cut at the cap keeps
+        assert parse_reply(cut, n, -6, 6).ok, (key, cap, cut)
+    lp = PropsLLMParams(spec="embedded:smollm2-135m-instruct", max_new_tokens=20)
+    opt = OptimizerLLM(None, chat_token_counter(tok), "unused", tok)
+    with pytest.raises(ValueError, match="max_new_tokens: 20 cannot hold a complete answer of 10 values"):
+        list(props_search("cartpole", ["props"], [0], opt, _params(), SPACE, lp))
 
 
 # -------------------------------------------------------------------------------------------- baselines
@@ -322,10 +393,98 @@ def test_ppo_baseline_counts_every_training_episode_and_writes_no_log_folders(tm
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where SB3 would put its SB3-<date> folders
     models: list = []
     p = PPOBaselineParams(n_steps=64, batch_size=32, n_epochs=1, net_arch=[8])
-    rows = list(ppo_baseline("cartpole", 0, 12, p, max_episode_steps=50, model_out=models))
+    rows = list(ppo_baseline(get_task("cartpole", 50), 0, 12, p, model_out=models))
     assert rows[-1]["episodes"] >= 12 and rows[-1]["episodes"] - 12 < 2  # stopped at the budget
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert all(r["method"] == "ppo" and r["seed"] == 0 for r in rows)
-    returns = evaluate_ppo(models[0], "cartpole", [1, 2], max_episode_steps=50)
+    returns = evaluate_ppo(models[0], get_task("cartpole", 50), [1, 2])
     assert returns.shape == (2,) and (returns > 0).all()
     assert not list(tmp_path.glob("SB3-*"))
+
+
+# ------------------------------------------------------------------------------- equal budgets, the quadratic
+
+
+def test_a_table_with_unequal_budgets_is_refused():
+    from llmrl.eval.props import UnequalBudgetError, check_equal_budgets
+
+    assert check_equal_budgets({"props": {"episodes": 40}, "cem": {"episodes": 40}}, name="t") == 40
+    with pytest.raises(UnequalBudgetError, match=r"t: methods spent different episode budgets .*'props_tuned': 20"):
+        check_equal_budgets({"props": {"episodes": 40}, "props_tuned": {"episodes": 20}}, name="t")
+    with pytest.raises(ValueError, match="must divide the budget 6"):  # CEM cannot stop short of the others
+        list(cem("pendulum", [0], _params(iterations=3), SPACE, CEMParams(population=4, episodes_per_candidate=1)))
+
+
+def test_paired_difference_says_better_worse_or_no_difference():
+    from llmrl.eval.props import paired_difference
+
+    def runs(values):
+        return [{"seed": s, "final_eval": [v]} for s, v in enumerate(values)]
+
+    better = paired_difference(runs([10, 12, 11, 13]), runs([1, 2, 1, 2]), reps=500)
+    assert better["verdict"] == "better" and better["seeds_won"] == 4 and better["difference"] == 10.0
+    assert paired_difference(runs([1, 2, 1, 2]), runs([10, 12, 11, 13]), reps=500)["verdict"] == "worse"
+    assert paired_difference(runs([5, -5, 5, -5]), runs([0, 0, 0, 0]), reps=500)["verdict"] == "no difference"
+    with pytest.raises(ValueError, match="needs >= 2 seeds"):
+        paired_difference(runs([1]), runs([1]))
+
+
+def test_the_quadratic_task_has_its_maximum_at_a_centre_per_seed(tiny_llm):
+    from llmrl.envs.control import QuadraticTask
+
+    q = QuadraticTask(n_params=3)
+    c0, c1 = q.centre(0), q.centre(1)
+    assert not np.array_equal(c0, c1) and np.all(np.abs(c0) <= 4.5) and np.array_equal(c0, np.round(c0, 1))
+    assert q.values(c0, 0) == 100.0 and q.values(c0 + [1, 0, 0], 0) == pytest.approx(90.0)
+    # random search finds better points as it draws more; every method sees f only through its proposals
+    search = PropsSearchParams(tasks=["quadratic"], iterations=30, episodes_per_eval=1, seeds=[0, 1])
+    rows = list(random_search(q, [0, 1], search, SPACE))
+    assert all(r["episodes"] == r["step"] for r in rows) and rows[-1]["best_return"] > rows[1]["best_return"]
+    # ProPS on the quadratic: the numeric prompt (no environment to describe), the scripted point's exact value
+    app, _ = _scripted(["params[0]: 0.5; params[1]: 1; params[2]: -0.5"])
+    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny")
+    states = []
+    with _Server(app) as url:
+        opt = _openai_optimizer(url, tiny_llm.tokenizer)
+        got = list(props_search(q, ["props"], [3], opt, search.model_copy(update={"iterations": 1}), SPACE, lp,
+                                states_out=states))
+        with pytest.raises(ValueError, match="props_plus describes an environment"):
+            list(props_search(q, ["props_plus"], [3], opt, search, SPACE, lp))
+    assert got[0]["return_mean"] == pytest.approx(q.values([0.5, 1, -0.5], 3)) and got[0]["proposal"] == "llm"
+
+
+def test_held_out_evaluation_is_every_final_policy_on_the_same_held_out_seeds():
+    from llmrl.agents.linear_policy import evaluate_params
+    from llmrl.algos.props_search import HeldOutEvaluation, held_out_seeds, search_task
+
+    search = PropsSearchParams(tasks=["cartpole"], eval_episodes=3, eval_seed=10_000_000,
+                               max_episode_steps={"cartpole": 20})
+    task = search_task(search, "cartpole")
+    assert task.horizon == 20 and search_task(search, task) is task  # a task object is taken as it is
+    params = np.zeros(policy_for(task).n_params)
+    with HeldOutEvaluation(task, search) as held_out:
+        returns = held_out(params)
+        assert held_out.seeds.tolist() == held_out_seeds(search).tolist() == [10_000_000, 10_000_001, 10_000_002]
+    assert returns == [float(x) for x in evaluate_params(task, params, held_out_seeds(search))[0]]
+    assert len(returns) == 3
+
+
+def test_a_control_task_is_taken_as_it_is_or_by_its_name():
+    from llmrl.envs.control import as_task
+
+    task = get_task("cartpole", 50)
+    assert as_task(task) is task and as_task("cartpole") == get_task("cartpole")
+
+
+def test_metrics_of_a_method_are_its_headline_numbers_only():
+    from llmrl.eval.props import metrics_of
+
+    h = {"final": {"value": 4.0, "ci_low": 1.0, "ci_high": 7.0, "n_seeds": 2, "episodes": 40, "per_seed": [2.0, 6.0]},
+         "episodes": 30, "best_search_return": 2.5,
+         "llm": {"llm_proposed": 0.75, "parse_failure_rate": 0.5, "example_copy_rate": 0.1, "reasks": 3}}
+    assert metrics_of(h) == {"greedy": {"return": 4.0, "return_lo": 1.0, "return_hi": 7.0, "seeds": 2,
+                                        "episodes": 40},
+                             "train_episodes": 30, "llm_proposed": 0.75, "parse_failure": 0.5}
+    baseline = {**h}
+    del baseline["llm"]
+    assert set(metrics_of(baseline)) == {"greedy", "train_episodes"}

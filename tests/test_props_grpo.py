@@ -1,6 +1,7 @@
-"""ProPS GRPO: the four rewards on hand-made replies (with and without an answer prefix), the data set, prompt
-truncation to the token budget, prompts opened with the answer prefix, a GRPO update on the tiny model that changes
-every LoRA weight and nothing frozen (chat and opened prompts), and a byte-stable adapter."""
+"""ProPS GRPO: the four rewards on hand-made replies (each earned by a good reply under the search's answer prefix,
+one rollout per proposal shared by the two return rewards), the data set and its chats (the search's own, system
+message included), prompt truncation to the token budget, prompts opened with the answer prefix, a GRPO update on the
+tiny model that changes every LoRA weight and nothing frozen (chat and opened prompts), and a byte-stable adapter."""
 
 from __future__ import annotations
 
@@ -11,23 +12,25 @@ import pytest
 import torch
 from datasets import Dataset
 
-from llmrl.agents.linear_policy import evaluate_params
+from llmrl.agents.linear_policy import evaluate_params, policy_for
 from llmrl.algos.grpo import build_grpo_trainer, opens_answer, prompt_token_count, recording, save_adapter, train, \
     truncate_prompt
-from llmrl.algos.props_grpo import RewardSettings, accepted_replies, build_records, format_hard, format_soft, \
-    improvement_reward, make_reward_funcs, policy_reward, sample_scored_vectors, split_indices
-from llmrl.algos.props_prompts import PromptSettings, parse_reply
+from llmrl.algos.props_grpo import RewardSettings, RolloutMemo, accepted_replies, build_records, fine_tune_data, \
+    format_hard, format_soft, improvement_reward, make_reward_funcs, normalised_return, policy_reward, \
+    sample_scored_vectors, split_indices, training_summary
+from llmrl.algos.props_prompts import PromptSettings, parse_reply, search_messages
 from llmrl.config import ParamsError, load_section
 from llmrl.config.grpo import GRPOTrainParams
-from llmrl.config.props import PropsGRPOParams
+from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
 from llmrl.envs.control import get_task
-from llmrl.llm import LoraSettings, load_model
-from llmrl.llm.load import render_chat
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.load import load_model, render_chat
 
-TASK = get_task("mountaincar_continuous")
+TASK = get_task("mountaincar_continuous")  # its own 999 steps, as the search runs it
 S = RewardSettings(task=TASK, n_params=3, low=-6.0, high=6.0, return_floor=-200.0, return_span=300.0)
 OLD = [1.0, -2.0, 0.5]
-GOOD = [0.0, 6.0, 0.0]  # pushes along the velocity: reaches the flag (return ~99)
+GOOD = [0.0, 5.0, 0.0]  # pushes along the velocity: reaches the flag (return ~99)
+PREFIX = "params[0]:"  # the search's answer prefix at the CPU default
 SEED = 7
 
 
@@ -42,79 +45,88 @@ def rollout(params, seed=SEED) -> float:
 # ------------------------------------------------------------------------------------------------ rewards
 
 
-def test_format_soft_accepts_multiline_think_and_needs_closed_tags():
-    texts = [reply("params[0]: 0; params[1]: 6; params[2]: 0"),  # multi-line think (the original's regex: 0)
-             "<think>\n\n</think>answer",
-             "params[0]: 0; params[1]: 6; params[2]: 0",  # no tags
-             "<think>never closed\nparams[0]: 0; params[1]: 6; params[2]: 0",
-             "<think>all reasoning, no answer</think>   \n",
-             [{"role": "assistant", "content": reply("x")}]]  # TRL's conversational completion
-    assert format_soft(completions=texts) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+def test_every_reward_is_earned_by_a_good_reply_under_the_answer_prefix():
+    """The completion after the search's prefix: both format rewards 1, the policy reward the good point's
+    normalised return, the improvement over a poor shown point positive."""
+    rest = " 0; params[1]: 5; params[2]: 0"
+    funcs = dict((f.__name__, f) for f in make_reward_funcs(S))
+    kw = dict(completions=[rest], answer_prefix=[PREFIX], old_params=[OLD], rollout_seed=[SEED], r_old=[-60.0])
+    got = {name: f(**kw)[0] for name, f in funcs.items()}
+    assert got["format_soft"] == 1.0 and got["format_hard"] == 1.0
+    assert got["policy"] == pytest.approx(normalised_return(rollout(GOOD), S)) and got["policy"] > 0.95
+    n, o = got["policy"], (-60.0 + 200) / 300
+    assert got["improvement"] == pytest.approx(min(1.0, (n - o) * n / o)) and got["improvement"] > 0
 
 
-def test_format_hard_needs_tags_and_exactly_the_parser_format():
-    texts = [reply("params[0]: 0; params[1]: 6; params[2]: 0"),  # the format the prompt asks for
-             reply("<policy>params[0]: -1.5; params[1]: 5; params[2]: 0.3</policy>"),
-             reply("params[0]: 0; params[1]: 6"),  # too few
-             reply("params[0]: 0; params[1]: 6; params[2]: 0; params[3]: 1"),  # too many
-             reply("0, 6, 0"),  # the right count, not the format
-             reply("params[0]: 0; params[1]: 60; params[2]: 0"),  # out of range
-             reply("params[0]: 1; params[1]: -2; params[2]: 0.5"),  # the shown point again
-             "params[0]: 0; params[1]: 6; params[2]: 0"]  # no think block
-    got = format_hard(completions=texts, old_params=[OLD] * len(texts), settings=S)
-    assert got == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    # exactly the search's acceptance: the same parser says the same
-    assert parse_reply(texts[0], 3, -6, 6, current=OLD).ok and not parse_reply(texts[2], 3, -6, 6).ok
+def test_format_soft_asks_a_well_formed_answer_line_and_hard_the_parsers_acceptance():
+    texts = ["params[0]: 0; params[1]: 5; params[2]: 0",  # accepted
+             reply("params[0]: 0; params[1]: 5; params[2]: 0"),  # a closed think block first: the same answer
+             "params[0]: 0; params[1]: 5; params[2]: 0; f(par",  # cut in the trailing echo: complete
+             "params[0]: 0; params[1]: 5",  # well formed, too few
+             "params[0]: 0; params[1]: 60; params[2]: 0",  # well formed, out of range
+             "params[0]: 1; params[1]: -2; params[2]: 0.5",  # well formed, the shown point again
+             "params[0]: <value>; params[1]: <value>; params[2]: <value>",  # the placeholder copied
+             "0, 5, 0",  # the right count, not the format
+             "params[0]: 0; params[1]: five; params[2]: 0",  # junk item
+             "<think>never closed\nparams[0]: 0; params[1]: 5; params[2]: 0",  # the parser reads the answer line
+             [{"role": "assistant", "content": "params[0]: 0; params[1]: 5; params[2]: 0"}]]  # TRL's conversational
+    old = [OLD] * len(texts)
+    assert format_soft(completions=texts, settings=S) == [1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1]
+    assert format_hard(completions=texts, old_params=old, settings=S) == [1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1]
+    # exactly the search's acceptance
+    assert format_hard(completions=texts, old_params=old, settings=S) == accepted_replies(texts, old, settings=S)
+    assert parse_reply(texts[0], 3, -6, 6, current=OLD).ok and not parse_reply(texts[3], 3, -6, 6).ok
 
 
-def test_policy_reward_is_one_seeded_rollout_mapped_to_unit_interval():
-    texts = [reply("params[0]: 0; params[1]: 6; params[2]: 0"), reply("params[0]: 1; params[1]: 6; params[2]: 0"),
-             reply("junk"), reply("params[0]: 0; params[1]: 6")]
+def test_policy_reward_is_one_seeded_rollout_normalised():
+    texts = ["params[0]: 0; params[1]: 5; params[2]: 0", "params[0]: 1; params[1]: 6; params[2]: 0", "junk",
+             "params[0]: 0; params[1]: 5"]
     got = policy_reward(completions=texts, old_params=[OLD] * 4, rollout_seed=[SEED] * 4, settings=S)
-    expected_good = np.clip((rollout(GOOD) + 200) / 300, 0, 1)
-    assert got[0] == pytest.approx(expected_good) and got[0] > 0.95
-    assert got[1] == pytest.approx(np.clip((rollout([1, 6, 0]) + 200) / 300, 0, 1)) and got[1] < got[0]
+    assert got[0] == pytest.approx(np.clip((rollout(GOOD) + 200) / 300, 0, 1)) and got[0] > 0.95
+    assert got[1] == pytest.approx(np.clip((rollout([1, 6, 0]) + 200) / 300, 0, 1))
     assert got[2:] == [0.0, 0.0]  # rejected replies earn nothing
     again = policy_reward(completions=texts[:1], old_params=[OLD], rollout_seed=[SEED], settings=S)
     assert again == got[:1]  # same example (seed) -> same reward
 
 
-def test_improvement_uses_each_examples_own_r_old_and_keeps_the_sign():
-    text = reply("params[0]: 0; params[1]: 6; params[2]: 0")
-    r_new = rollout(GOOD)
-    r_olds = [-99.9, -50.0, r_new + 10.0, 0.0]
-    got = improvement_reward(completions=[text] * 4, old_params=[OLD] * 4, rollout_seed=[SEED] * 4, r_old=r_olds,
+def test_improvement_is_the_originals_formula_on_normalised_returns_with_r_old_zero_guarded():
+    text = "params[0]: 0; params[1]: 5; params[2]: 0"
+    n = normalised_return(rollout(GOOD), S)
+    r_olds = [-50.0, -170.0, rollout(GOOD) + 10.0, -200.0, -400.0]  # the last two normalise to 0
+    got = improvement_reward(completions=[text] * 5, old_params=[OLD] * 5, rollout_seed=[SEED] * 5, r_old=r_olds,
                              settings=S)
-    assert got == pytest.approx([min(1.0, (r_new + 99.9) / 300), (r_new + 50) / 300, 0.0, r_new / 300])
-    # the original's (R_new - R_old) * R_new / R_old is negative here (R_old < 0 < R_new): ours rewards it
-    assert (r_new - (-50.0)) * r_new / -50.0 < 0 < got[1]
-    # no hidden state: the same call alone, without the policy reward before it, gives the same values
-    assert improvement_reward(completions=[text], old_params=[OLD], rollout_seed=[SEED], r_old=[-50.0],
-                              settings=S) == pytest.approx([got[1]])
-    assert improvement_reward(completions=[reply("junk")], old_params=[OLD], rollout_seed=[SEED], r_old=[-99.9],
+    o = [(r + 200) / 300 for r in r_olds[:2]]
+    assert got[:2] == pytest.approx([min(1.0, (n - o[0]) * n / o[0]), min(1.0, (n - o[1]) * n / o[1])])
+    assert got[2] == 0.0  # no improvement over a better shown point
+    assert got[3:] == pytest.approx([n, n])  # o = 0: the original's guard rewards n itself
+    assert improvement_reward(completions=["junk"], old_params=[OLD], rollout_seed=[SEED], r_old=[-99.9],
                               settings=S) == [0.0]
 
 
+def test_policy_and_improvement_share_one_rollout_per_proposal():
+    memo = RolloutMemo()
+    funcs = dict((f.__name__, f) for f in make_reward_funcs(S, memo))
+    texts = ["params[0]: 0; params[1]: 5; params[2]: 0", "params[0]: 1; params[1]: 6; params[2]: 0",
+             "params[0]: 0; params[1]: 5; params[2]: 0", "junk"]
+    kw = dict(completions=texts, old_params=[OLD] * 4, rollout_seed=[SEED, SEED, SEED, SEED], r_old=[-50.0] * 4)
+    policy = funcs["policy"](**kw)
+    assert memo.rollouts == 2  # two distinct accepted points, one seed: two episodes
+    improvement = funcs["improvement"](**kw)
+    assert memo.rollouts == 2 and policy[0] == policy[2]  # the improvement reward reused them
+    # without the memo each call rolls out afresh, to the same values: the memo changes cost, not results
+    assert improvement == improvement_reward(settings=S, **kw)
+
+
 def test_rewards_read_the_answer_prefix_with_the_completion():
-    whole = "params[0]: 0; params[1]: 6; params[2]: 0"
-    rest = whole.removeprefix("params[0]:")
+    whole = "params[0]: 0; params[1]: 5; params[2]: 0"
+    rest = whole.removeprefix(PREFIX)
     kw = dict(old_params=[OLD], rollout_seed=[SEED])
-    assert policy_reward(completions=[rest], answer_prefix=["params[0]:"], settings=S, **kw) == \
+    assert policy_reward(completions=[rest], answer_prefix=[PREFIX], settings=S, **kw) == \
         policy_reward(completions=[whole], settings=S, **kw) != [0.0]
     assert policy_reward(completions=[rest], settings=S, **kw) == [0.0]  # the completion alone is no whole reply
-    assert improvement_reward(completions=[rest], answer_prefix=["params[0]:"], r_old=[-50.0], settings=S, **kw) == \
-        improvement_reward(completions=[whole], r_old=[-50.0], settings=S, **kw)
-    think = reply(whole)
-    assert format_soft(completions=[think[7:]], answer_prefix=[think[:7]]) == [1.0]
-    assert format_soft(completions=[think[7:]]) == [0.0]
-    assert format_hard(completions=[think[7:]], answer_prefix=[think[:7]], old_params=[OLD], settings=S) == [1.0]
-    # an answer prefix that opens the answer leaves no room for a think block before it
-    assert format_hard(completions=[rest], answer_prefix=["params[0]:"], old_params=[OLD], settings=S) == [0.0]
-    # the search's acceptance: the whole reply as the search parses it, think block or not; junk and the shown point
-    # are rejected
-    replies = [rest, whole, think, "junk", "params[0]: 1; params[1]: -2; params[2]: 0.5"]
-    assert accepted_replies(replies, [OLD] * 5, ["params[0]:", "", "", "", ""], settings=S) == [1.0, 1.0, 1.0, 0.0, 0.0]
-    assert accepted_replies([rest], [OLD], settings=S) == [0.0]
+    assert format_soft(completions=[rest], answer_prefix=[PREFIX], settings=S) == [1.0]
+    assert format_soft(completions=[rest], settings=S) == [0.0]
+    assert accepted_replies([rest, whole, "junk"], [OLD] * 3, [PREFIX, "", ""], settings=S) == [1.0, 1.0, 0.0]
 
 
 def test_bound_reward_funcs_are_named_for_trl():
@@ -138,9 +150,12 @@ def test_vectors_come_from_the_one_range_and_split_is_disjoint():
     r = rec[0]
     assert r["r_old"] == pytest.approx(data.returns[train_idx[0]].mean())
     assert r["rollout_seed"] == 50 + train_idx[0] and r["old_params"] == data.params[train_idx[0]].tolist()
+    # the search's own chat: the same system message and user prompt the search sends for this history
+    assert r["prompt"] == search_messages("numeric", task=TASK, policy=policy_for(TASK),
+                                          history=[(r["old_params"], r["r_old"])], iteration=1, total_iterations=30,
+                                          settings=settings)
     system, user = r["prompt"]
-    assert "<think>" in system["content"]
-    assert parse_reply(system["content"].split("format: ")[-1], 3, -6, 6).ok  # the example is in the parser's format
+    assert system["role"] == "system" and "<think>" not in system["content"]
     assert "[-2, 3]" in user["content"] and user["content"].count("f(params):") == 1
 
 
@@ -161,7 +176,7 @@ def test_prompt_truncated_to_the_token_budget_keeps_template_and_the_end(tiny_ll
     ds = Dataset.from_list([{"prompt": chat}, {"prompt": chat[:1] + [{"role": "user", "content": "short"}]}])
     cfg = GRPOTrainParams(max_prompt_tokens=n - 100, max_steps=1, max_completion_length=4,
                           lora=LoraSettings(r=2, alpha=4, dropout=0.0))
-    run = build_grpo_trainer(tiny_llm, ds, [format_soft], cfg, "unused-output-dir")
+    run = build_grpo_trainer(tiny_llm, ds, make_reward_funcs(S)[:1], cfg, "unused-output-dir")
     assert run.truncated_prompts == 1 and run.prompts == 2
     assert max(prompt_token_count(tok, p) for p in run.trainer.train_dataset["prompt"]) <= n - 100
 
@@ -188,12 +203,12 @@ def test_a_chat_that_opens_the_answer_is_continued_and_cut_before_the_opening(ti
     cfg = GRPOTrainParams(max_prompt_tokens=n - 100, max_steps=1, max_completion_length=4,
                           lora=LoraSettings(r=2, alpha=4, dropout=0.0))
     brief = [{"role": "user", "content": "short"}, opened[-1]]
-    run = build_grpo_trainer(tiny_llm, Dataset.from_list([{"prompt": opened}, {"prompt": brief}]), [format_soft],
-                             cfg, "unused-output-dir")
+    run = build_grpo_trainer(tiny_llm, Dataset.from_list([{"prompt": opened}, {"prompt": brief}]),
+                             make_reward_funcs(S)[:1], cfg, "unused-output-dir")
     assert run.truncated_prompts == 1 and run.trainer.train_dataset["prompt"] == [short, render_chat(tok, brief)]
     with pytest.raises(ValueError, match="prompt: either every chat opens the answer"):
-        build_grpo_trainer(tiny_llm, Dataset.from_list([{"prompt": opened}, {"prompt": [chat[1]]}]), [format_soft],
-                           cfg, "unused-output-dir")
+        build_grpo_trainer(tiny_llm, Dataset.from_list([{"prompt": opened}, {"prompt": [chat[1]]}]),
+                           make_reward_funcs(S)[:1], cfg, "unused-output-dir")
 
 
 def _length_reward(completions, **_):
@@ -239,7 +254,7 @@ def test_adapter_bytes_are_stable_and_name_no_local_path(tmp_path):
     from peft import get_peft_model
 
     from llmrl.llm.load import peft_lora_config
-    from llmrl.llm import save_model
+    from llmrl.llm.load import save_model
 
     tiny = load_model("tiny")
     save_model(tiny.model, tiny.tokenizer, tmp_path / "base")
@@ -263,3 +278,37 @@ def test_config_errors_name_the_field():
         load_section({"g": {"lora": {"r": 0}}}, "g", GRPOTrainParams)
     with pytest.raises(ParamsError, match="props.grpo.vectors"):
         load_section({"props": {"grpo": {"vectors": 1}}}, "props.grpo", PropsGRPOParams)
+
+
+def test_fine_tune_data_is_the_scored_vectors_split_and_shown_in_the_searchs_prompt():
+    p = PropsGRPOParams(vectors=6, episodes=1, test_fraction=0.34, seed=2, answer_prefix=PREFIX)
+    space = PropsSpaceParams(low=-2.0, high=3.0, decimals=1)
+    data = fine_tune_data(TASK, p, space)
+    assert len(data.train) + len(data.test) == 6 and not set(data.train) & set(data.test)
+    assert [r["id"] for r in data.records["train"]] == data.train.tolist()
+    assert [r["id"] for r in data.records["test"]] == data.test.tolist()
+    first = data.records["train"][0]
+    assert first["prompt"][-1] == {"role": "assistant", "content": PREFIX}  # the opened answer the search sends
+    assert first["rollout_seed"] == 3_000_000_000 + first["id"]  # never a scoring episode's seed (2_000_000..)
+    rows = data.vector_rows()
+    assert [r["split"] for r in rows].count("test") == len(data.test)
+    assert rows[data.test[0]]["params"] == data.vectors.params[data.test[0]].tolist()
+    again = fine_tune_data(TASK, p, space)  # seeded: the same data
+    assert np.array_equal(again.vectors.returns, data.vectors.returns) and again.records == data.records
+
+
+def test_training_summary_rates_the_replies_the_search_would_accept_per_step():
+    vectors = sample_scored_vectors(TASK, 2, 1, low=-6.0, high=6.0, decimals=1, seed=0)
+    good = f" {GOOD[0]}, params[1]: {GOOD[1]}, params[2]: {GOOD[2]}"  # completes the prefix
+    completions = [{"step": 0, "id": 0, "answer_prefix": PREFIX, "completion": good, "reward_format_hard": 1.0},
+                   {"step": 0, "id": 1, "answer_prefix": PREFIX, "completion": " nonsense", "reward_format_hard": 0.0},
+                   {"step": 1, "id": 0, "answer_prefix": PREFIX, "completion": good, "reward_format_hard": 1.0}]
+    rows = [{"step": 1, "loss": 0.1, "reward_mean": 0.2, "reward_format_hard": 0.5},
+            {"step": 2, "loss": 0.05}, {"step": 3, "loss": 0.0, "reward_mean": 0.4, "reward_format_hard": 1.0}]
+    summary = training_summary(rows, completions, vectors, S)
+    assert summary["steps"] == 3 and summary["completions"] == 3
+    assert summary["accepted_rate_first_last"] == [0.5, 1.0] and summary["accepted_rate_all"] == round(2 / 3, 4)
+    assert summary["reward_mean_first_last"] == [0.2, 0.4] and summary["format_hard_rate_first_last"] == [0.5, 1.0]
+    assert summary["format_hard_rate_all"] == pytest.approx(2 / 3)
+    empty = training_summary([{"step": 1, "loss": 0.0}], [], vectors, S)
+    assert empty["accepted_rate_first_last"] == [None, None] and empty["reward_mean_first_last"] == [None, None]

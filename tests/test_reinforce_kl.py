@@ -17,9 +17,12 @@ from llmrl.algos.reinforce_kl import (
     reinforce_kl_loss,
     token_logprobs,
     tokenize_episodes,
+    train,
 )
 from llmrl.config.llm_rl import CommonTrainParams, ReinforceTrainParams
-from llmrl.llm import LoraSettings, SamplingConfig, load_model
+from llmrl.config.lora import LoraSettings
+from llmrl.llm.generate import SamplingConfig
+from llmrl.llm.load import load_model
 
 PROBLEMS = [{"id": f"p{i}", "problem": f"Tom has {i} apples and gets 2 more. How many apples?",
              "solution": f"{i} + 2 = <<{i}+2={i + 2}>>{i + 2}\nThe answer is: {i + 2}", "answer": str(i + 2)}
@@ -270,3 +273,59 @@ def test_lr_schedule_matches_transformers(schedule):
             reference.step()
         assert algo.opt.param_groups[0]["lr"] == pytest.approx(reference_opt.param_groups[0]["lr"])
     assert algo.opt.param_groups[0]["lr"] == (0.0 if schedule == "linear" else algo.cfg.common.lr)
+
+
+# ---- training seeds: llm_rl.train.seeds, one llm_rl_train item per variant and seed ------------------------------
+def _seeded(seeds, **common) -> ReinforceTrainParams:
+    return ReinforceTrainParams(seeds=seeds, common={"problems_per_iteration": 1, "group_size": 2, "line_tokens": 6,
+                                                     "answer_tokens": 12, "micro_batch": 2, "lr": 1e-2,
+                                                     "temperature": 1.0, **common},
+                                reinforce_kl={"max_steps": 2, "baseline": "none", "beta": 0.0})
+
+
+def test_training_seeds_are_validated_and_the_one_source_of_a_runs_seed():
+    from llmrl.config import ParamsError, load_section
+
+    assert ReinforceTrainParams().seeds == [0]  # the default pipeline: one training seed per variant
+    assert _seeded([0, 3]).for_seed(3).common.seed == 3
+    with pytest.raises(ParamsError, match="llm_rl.train.seeds: seeds must be distinct"):
+        load_section({"llm_rl": {"train": {"seeds": [1, 1]}}}, "llm_rl.train", ReinforceTrainParams)
+    with pytest.raises(ParamsError, match="llm_rl.train.seeds"):
+        load_section({"llm_rl": {"train": {"seeds": []}}}, "llm_rl.train", ReinforceTrainParams)
+    with pytest.raises(ValueError, match=r"llm_rl.train.seeds: 2 is not one of \[0, 1\]"):
+        _seeded([0, 1]).for_seed(2)
+    # a seed set in common as well would be silently overridden by the item's: an error instead
+    with pytest.raises(ValueError, match="llm_rl.train.common.seed: the training seeds are llm_rl.train.seeds"):
+        _seeded([0, 1], seed=1).for_seed(1)
+
+
+def test_training_seed_reaches_the_sampling():
+    """The item's seed decides the problems drawn and every sampled line: two seeds sample apart, one seed twice
+    samples the same (same initial weights each time, so only the seed differs)."""
+    from llmrl.seeding import seed_everything
+
+    section = _seeded([0, 1])
+
+    def first_iteration(seed: int):
+        seed_everything(0)
+        llm = load_model("tiny:4", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+        _, episodes = ReinforceKL(llm, section.for_seed(seed), PROBLEMS[1:], SHOTS).step()
+        return [(ep.problem_id, ep.lines) for ep in episodes]
+
+    zero = first_iteration(0)
+    assert first_iteration(0) == zero
+    assert first_iteration(1) != zero
+
+
+def test_train_yields_a_row_per_iteration_and_records_every_episode():
+    torch.manual_seed(0)
+    llm = load_model("tiny:1", lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    cfg = _params(problems_per_iteration=2, group_size=2, max_steps=2, line_tokens=6, answer_tokens=12, micro_batch=4,
+                  iterations=2, baseline="none", beta=0.0)
+    record: list[dict] = []
+    rows = list(train(llm, PROBLEMS[1:], cfg, shots=SHOTS, record=record, progress=False))
+    assert [r["iteration"] for r in rows] == [0, 1] and all(r["episodes"] == 4 for r in rows)
+    assert len(record) == 8 and [r["iteration"] for r in record] == [0] * 4 + [1] * 4
+    assert set(record[0]) == {"iteration", "problem_id", "lines", "reward", "success", "end", "parsed_answer",
+                              "tokens"}
+    assert sum(r["optimizer_steps"] for r in rows) == optimizer_steps(cfg)

@@ -11,18 +11,10 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from llmrl.llm import (
-    CachedBackend,
-    CacheMissError,
-    LocalBackend,
-    OpenAIChatBackend,
-    ReplyCache,
-    SamplingConfig,
-    generate,
-    load_model,
-    openai_backend,
-    save_model,
-)
+from llmrl.llm.generate import generate, SamplingConfig
+from llmrl.llm.backends import (CachedBackend, CacheMissError, LocalBackend, openai_backend, OpenAIChatBackend,
+                                ReplyCache)
+from llmrl.llm.load import load_model, save_model
 from llmrl.llm.serve import build_app
 
 
@@ -161,42 +153,23 @@ def test_outage_fails_the_planning_pass_within_its_bounds(fault, api, tmp_path, 
     """A hung, failing or garbage-answering endpoint ends `plan_texts` with LLMOutageError, in bounded time,
     with nothing written to the reply cache (the outage is never cached as the teacher), through either API."""
     from llmrl.agents.teacher import LLMOutageError, LLMPlanner, observation_texts, plan_texts
+    from llmrl.config.llm_faults import LLMFaultParams
+    from llmrl.llm.faults import FaultGuard, GuardedBackend
 
     server = _SilentServer() if fault == "hang" else _Server(_failing_app(fault))
+    guard = FaultGuard(LLMFaultParams(timeout_s=0.5, max_retries=1, max_fault_share=0.1), "llm4teach.teacher.faults")
     with server as url:
-        remote = openai_backend(api, "tiny", url, tokenizer=tiny_llm.tokenizer, timeout_s=0.5, max_retries=1)
-        backend = CachedBackend(remote, ReplyCache(tmp_path))
+        remote = openai_backend(api, "tiny", url, tokenizer=tiny_llm.tokenizer, guard=guard)
+        backend = CachedBackend(GuardedBackend(remote, guard), ReplyCache(tmp_path))
         planner = LLMPlanner("doorkey", backend, n_ask=2, sampling=SamplingConfig(max_new_tokens=4, seed=0))
         texts = observation_texts("doorkey")
         t0 = time.perf_counter()
-        with pytest.raises(LLMOutageError, match="llm4teach.teacher.max_error_rate"):
-            plan_texts(planner, texts, max_error_rate=0.1, deadline_s=None)
+        with pytest.raises(LLMOutageError, match="llm4teach.teacher.faults.max_fault_share"):
+            plan_texts(planner, texts, guard)
         elapsed = time.perf_counter() - t0
-    assert len(planner.memo) == 1  # failed fast: the first text's errors already exceed 10% of 12 replies
-    assert elapsed < 10  # one text: 2 attempts x 0.5 s timeout, plus the client's backoff
+    assert guard.requests == 2 and guard.faults == 2  # failed fast: 2 of 12 planned replies exceed 10%
+    assert elapsed < 10  # one text: 2 attempts x 0.5 s timeout, plus 0.5 s backoff
     assert not any(tmp_path.rglob("*.json"))
-
-
-def test_planning_deadline_is_a_named_error():
-    from llmrl.agents.teacher import LLMOutageError, LLMPlanner, observation_texts, plan_texts
-
-    class Valid:
-        model_id = "valid"
-
-        def generate(self, prompts, sampling):
-            from llmrl.llm.generate import Generation
-
-            return [Generation(prompt="p", text="go to <key>}", finish_reason="stop", n_tokens=3)] * len(prompts)
-
-    ticks = iter(range(0, 1000, 100))
-    planner = LLMPlanner("doorkey", Valid(), n_ask=2, answer_prefix="Action: {")
-    with pytest.raises(LLMOutageError, match="llm4teach.teacher.deadline_s"):
-        plan_texts(planner, observation_texts("doorkey"), max_error_rate=0.1, deadline_s=150,
-                   clock=lambda: next(ticks))
-    assert len(planner.memo) == 2  # checked after every text: 100 s, then 200 s > 150 s
-    # below the threshold, faults are data: the pass completes
-    assert len(plan_texts(LLMPlanner("doorkey", Valid(), n_ask=2, answer_prefix="Action: {"),
-                          observation_texts("doorkey"), max_error_rate=0.1, deadline_s=None)) == 6
 
 
 def test_reply_cache_key_ignores_the_endpoint_spelling(served_model, tmp_path):

@@ -18,6 +18,7 @@ import pytest
 
 from llmrl.config import ParamsError, load_section
 from llmrl.config.report import REPORT_SECTIONS, ReportParams
+from llmrl.files import write_json
 from llmrl.report import MissingResultError, collect_report, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +37,13 @@ def _mode(success=None, ret=None, *, seeds=1, episodes=100) -> dict:
 
 
 def _write(root: Path, rel: str, obj) -> None:
+    """Metrics as the stages write them (``write_json``: with their checksum); dvclive's plot files as dvclive does."""
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) if not isinstance(obj, str) else obj)
+    if rel.startswith("metrics/") and isinstance(obj, dict):
+        write_json(path, obj)
+    else:
+        path.write_text(json.dumps(obj, indent=2, sort_keys=True) if not isinstance(obj, str) else obj)
 
 
 def _tsv(name: str, points: list[tuple[int, float]]) -> str:
@@ -72,15 +77,21 @@ def results(tmp_path_factory) -> Path:
         _write(root, f"{m}/glam/generalisation/{test}/glam_lora.json",
                {"env": ENV, "greedy": _mode(success, (0.05, 0.02, 0.08))})
     _write(root, "plots/glam/train/lora-0/plots/metrics/success_rate.tsv", _tsv("success_rate", [(1, 0.0), (2, 0.25)]))
-    # LLM_RL
-    for model, g, tokens in (("base", (0.21, 0.14, 0.2998), 32.7), ("reinforce_kl", (0.18, 0.11, 0.2667), 69.3),
-                             ("grpo", (0.31, 0.2278, 0.4063), 35.6)):
-        _write(root, f"{m}/llm_rl/eval/{model}.json",
+    # LLM_RL: the base model (one model), each variant over 3 training seeds and compared with the base model
+    for model, g, seeds, per_seed, vs_base, tokens in (
+            ("base", (0.21, 0.14, 0.2998), 1, [0.21], None, 32.7),
+            ("reinforce_kl", (0.18, 0.11, 0.2667), 3, [0.15, 0.2, 0.19], "overlapping", 69.3),
+            ("grpo", (0.41, 0.3278, 0.4963), 3, [0.4, 0.45, 0.38], "higher", 35.6)):
+        headline = _mode(g, seeds=seeds, episodes=100 * seeds)
+        _write(root, f"{m}/llm_rl/eval/{model}.json", {"greedy": headline})  # the headline; the whole entry beside
+        _write(root, f"{m}/llm_rl/responses/{model}.json",  # the responses
                {"env": ENV, "max_new_tokens": 96,
-                "greedy": {**_mode(g), "parse_failure": 0.0, "tokens": tokens, "truncated": 0.01}})
+                "greedy": {**headline, "per_seed": per_seed, "parse_failure": 0.0, "tokens": tokens, "truncated": 0.01,
+                           **({"vs_base": vs_base} if vs_base else {})}})
     for variant in ("reinforce_kl", "grpo"):
-        _write(root, f"plots/llm_rl/train_{variant}/plots/metrics/train/average_reward.tsv",
-               _tsv("average_reward", [(0, 0.0), (1, 0.125), (2, 0.25)]))
+        for seed in (0, 1, 2):
+            _write(root, f"plots/llm_rl/train/{variant}/seed-{seed}/plots/metrics/train/average_reward.tsv",
+                   _tsv("average_reward", [(0, 0.0), (1, 0.125 * seed), (2, 0.25)]))
     # LLM4Teach
     door = f"{m}/llm4teach/eval/simpledoorkey"
     _write(root, f"{door}/teacher_oracle.json",
@@ -118,22 +129,26 @@ def results(tmp_path_factory) -> Path:
                          "n_seeds": 3, "per_seed": [value] * 3})
     _write(root, f"{m}/kalm/eval/table.json", {"budget": {"seconds": 1.0}, "grounded_llm": False, "levels": levels,
                                                "rows": rows})
-    _write(root, f"{m}/kalm/headline.json", {"env": ENV, "seconds": 1.0, "success_mean_over_levels": {"babyai": {
-        "babyai-dbc-imagine": 0.2667, "babyai-dbc-real": 0.3722, "random": 0.2667}}})
-    for level, true_success in zip(levels, (0.06, 0.08)):
+    for row, success in (("babyai-dbc-imagine", {"rephrase": 0.3111, "easy": 0.2222, "mean": 0.2667}),
+                         ("babyai-dbc-real", {"rephrase": 0.4111, "easy": 0.3333, "mean": 0.3722}),
+                         ("random", {"rephrase": 0.2667, "easy": 0.2667, "mean": 0.2667})):
+        _write(root, f"{m}/kalm/success/babyai/{row}.json", success)
+    for level, replay_success in zip(levels, (0.06, 0.08)):
         _write(root, f"{m}/kalm/imagine_babyai_{level}.json",
-               {"env": ENV, "first_step_mae": 0.86672, "goals": 52, "imagined_steps": 1200,
-                "imagined_success": 0.0, "mean_length": 24.0, "seconds": 17.0,
-                "rollouts": 50, "step_l2": 17.01009, "step_mae": 0.85398, "transitions_per_s": 77.1,
-                "true_success": true_success, "true_success_given_imagined": None})
+               {"env": ENV, "first_step_mae": 0.86672, "last_step_mae": 0.9, "goals": 52, "imagined_steps": 1200,
+                "imagined_success": 0.0, "mean_length": 24.0, "seconds": 17.0, "consistent": 20, "written": 20,
+                "rollouts": 52, "step_l2": 17.01009, "step_mae": 0.85398, "transitions_per_s": 77.1,
+                "replay_success": replay_success, "replay_success_given_imagined": None,
+                "replay_success_consistent": 0.05})
     _write(root, "plots/kalm/ground/babyai/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
     # ProPS
-    for method, ret, extra in (("props", (43.2833, 28.1833, 68.1187), {"parse_failure": 0.75}),
+    for method, ret, extra in (("props", (43.2833, 28.1833, 68.1187), {"parse_failure": 0.75, "llm_proposed": 0.625}),
                                ("cem", (200.0, 200.0, 200.0), {})):
         _write(root, f"{m}/props/eval/cartpole/{method}.json",
                {"env": ENV, "greedy": _mode(ret=ret, seeds=3, episodes=60), "train_episodes": 40, **extra})
+        fallbacks = {"fallbacks": 1} if "llm_proposed" in extra else {}
         _write(root, f"plots/props/curves/cartpole/{method}/plots/custom/best_return.json",
-               [{"episodes": 10, "best_return": 32.3}, {"episodes": 20, "best_return": ret[0]}])
+               [{"episodes": 10, "best_return": 32.3, **fallbacks}, {"episodes": 20, "best_return": ret[0]}])
     for opt in ("base", "tuned"):
         _write(root, f"{m}/props/eval/transfer/cartpole/{opt}.json",
                {"env": ENV, "greedy": _mode(ret=(45.3833, 15.6167, 97.9621), seeds=3, episodes=60),
@@ -156,7 +171,8 @@ def _md_row(md: str, *cells: str) -> str:
 
 
 TABLE_IDS = ["baselines-BabyAI-GoToLocal-v0", "glam-eval-BabyAI-Text-GoToObjS4-v0", "glam-generalisation",
-             "llm_rl-eval", "llm4teach-mpe", "llm4teach-simpledoorkey", "llm4teach-result", "kalm-babyai", "kalm-imagination",
+             "llm_rl-eval", "llm4teach-mpe", "llm4teach-simpledoorkey", "llm4teach-result", "kalm-babyai", "kalm-babyai-claims",
+             "kalm-imagination",
              "props-cartpole", "props-transfer"]
 
 
@@ -171,13 +187,21 @@ def test_every_method_table_with_the_numbers_the_metrics_hold(results, tmp_path)
     _md_row(md, "bot", "greedy", "1.0", "[0.9812, 1.0]", "0.9205", "[0.9143, 0.9268]", "1", "200")
     _md_row(md, "symbolic_ppo", "greedy", "1.0", "[0.9924, 1.0]", "5", "500")
     _md_row(md, "glam_lora", "greedy", "0.11 [0.05, 0.19]", "0.03 [0.0, 0.0851]")  # generalisation matrix
-    _md_row(md, "reinforce_kl", "greedy", "0.18", "[0.11, 0.2667]", "69.3", "0.01")
+    # a variant over its training seeds: the interval, each seed's accuracy and the claim against the base model
+    _md_row(md, "reinforce_kl", "greedy", "0.18", "[0.11, 0.2667]", "3", "300", "0.15 / 0.2 / 0.19", "overlapping",
+            "69.3", "0.01")
+    _md_row(md, "grpo", "greedy", "0.41", "[0.3278, 0.4963]", "0.4 / 0.45 / 0.38", "higher")
+    assert _md_row(md, "base", "greedy", "0.21", "[0.14, 0.2998]", "1", "100").count("| — |") == 1  # no vs base
+    for series in ("reinforce_kl seed-0", "reinforce_kl seed-2", "grpo seed-1"):  # one training curve per seed
+        assert series in html
     _md_row(md, "student_oracle", "student", "greedy", "0.306", "[0.138, 0.476]", "0.175")
     _md_row(md, "simpledoorkey", "student_oracle", "greedy", "0.9", "0.5", "not met")
     _md_row(md, "babyai-dbc", "real", "0.4111 [0.3111, 0.5111]", "0.3722", "3", "90")
     _md_row(md, "babyai-dbc", "real + imagined", "0.3111 [0.2111, 0.4111]", "0.2667")
-    _md_row(md, "babyai", "easy", "52", "50", "0.08", "—", "0.86672")
-    _md_row(md, "props", "greedy", "43.2833", "[28.1833, 68.1187]", "3", "60", "40", "0.75")
+    _md_row(md, "babyai", "easy", "52", "52", "20", "0.08", "—", "0.05", "0.86672", "0.9")
+    _md_row(md, "babyai-dbc", "real + imagined", "real data", "overlapping", "overlapping")  # claims by intervals
+    _md_row(md, "props", "greedy", "43.2833", "[28.1833, 68.1187]", "3", "60", "40", "0.625", "0.75")
+    assert "props: random fallback" in html  # the curve marks where a seed's point was a random fallback
     _md_row(md, "cartpole: tuned", "greedy", "45.3833", "[15.6167, 97.9621]")
     for text in ("[0.9812, 1.0]", "0.4111 [0.3111, 0.5111]", "[-31.5253, -28.0477]", "43.2833"):
         assert text in html
@@ -197,8 +221,9 @@ def test_same_results_give_the_same_bytes(results, tmp_path):
 
 
 @pytest.mark.parametrize("rel", ["metrics/kalm/eval/table.json", "metrics/kalm/imagine_babyai_easy.json",
+                                 "metrics/kalm/success/babyai/random.json", "metrics/llm_rl/responses/grpo.json",
                                  "plots/props/videos/cartpole.mp4", "metrics/llm4teach/report.json",
-                                 "plots/llm_rl/train_grpo/plots/metrics/train/average_reward.tsv"])
+                                 "plots/llm_rl/train/grpo/seed-1/plots/metrics/train/average_reward.tsv"])
 def test_a_missing_result_of_a_listed_method_is_an_error_naming_it(results, tmp_path, rel):
     root = tmp_path / "results"
     shutil.copytree(results, root)
@@ -219,7 +244,7 @@ def test_an_empty_results_folder_is_an_error_naming_it(results, tmp_path):
 def test_a_switched_off_method_shows_not_run(results, tmp_path):
     root = tmp_path / "results"
     shutil.copytree(results, root)
-    shutil.rmtree(root / "metrics/kalm")  # its headline.json included
+    shutil.rmtree(root / "metrics/kalm")  # its success files included
     methods = [k for k in REPORT_SECTIONS if k != "kalm"]
     html, md = _render(root, tmp_path / "out", methods)
     assert 'id="table-kalm-babyai"' not in html and 'id="table-glam-generalisation"' in html

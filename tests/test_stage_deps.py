@@ -102,3 +102,15 @@ def test_missing_script_is_a_named_error(tmp_path):
     (tmp_path / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python stages/nope.py\n")
     with pytest.raises(StageDepsError, match="stage s: script stages/nope.py"):
         analyse(tmp_path / "dvc.yaml")
+
+
+def test_a_module_run_with_dash_m_counts_its_packages_init(tmp_path):
+    """`python -m stages.<name>`: Python runs stages/__init__.py (and what it imports) before the module."""
+    for rel, text in {"llmrl/__init__.py": "", "llmrl/util.py": "", "stages/__init__.py": "import llmrl.util\n",
+                      "stages/train.py": "X = 1\n",
+                      "dvc.yaml": "stages:\n  train:\n    cmd: python -m stages.train 0\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (report,) = analyse(tmp_path / "dvc.yaml")
+    assert report.script == "stages/train.py"
+    assert set(report.closure) == {"stages/train.py", "stages/__init__.py", "llmrl/__init__.py", "llmrl/util.py"}

@@ -4,16 +4,14 @@ command-line arguments (both ways), and no stage script spells a folder or reach
 
 import ast
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "stages"))
-import paths  # noqa: E402
+from stages import paths
 
+ROOT = Path(__file__).resolve().parents[1]
 STAGE_SCRIPTS = sorted(p for p in (ROOT / "stages").glob("*.py") if p.name != "paths.py")
 TOP_FOLDERS = {"data", "models", "metrics", "plots", "reports", ".cache"}
 
@@ -59,11 +57,13 @@ def test_method_folders_carry_the_params_section_names():
 
 
 def resolved_stages():
-    """Every stage of dvc.yaml with its foreach items expanded, as DVC resolves them."""
+    """Every stage of dvc.yaml with its foreach items expanded, as DVC resolves them. (study/dvc.yaml is generated
+    from these, its outputs moved under study/: tests/test_tiers.py.)"""
     from dvc.repo import Repo
 
     with Repo(str(ROOT)) as repo:
-        return [(s.addressing, s.cmd, [o.def_path for o in s.outs]) for s in repo.index.stages]
+        return [(s.addressing, s.cmd, [o.def_path for o in s.outs]) for s in repo.index.stages
+                if Path(s.dvcfile.path) == ROOT / "dvc.yaml"]
 
 
 STAGES = resolved_stages()
@@ -76,8 +76,8 @@ def test_every_stage_of_dvc_yaml_is_resolved():
 @pytest.mark.parametrize("name,cmd,declared", STAGES, ids=[s[0] for s in STAGES])
 def test_dvc_yaml_declares_what_paths_py_names(name, cmd, declared):
     argv = shlex.split(cmd)
-    assert argv[:2] == ["python", f"stages/{name.split('@')[0]}.py"], cmd
-    outputs = getattr(paths, name.split("@")[0])(*argv[2:])
+    assert argv[:3] == ["python", "-m", f"stages.{name.split('@')[0]}"], cmd
+    outputs = getattr(paths, name.split("@")[0])(*argv[3:])
     assert outputs.stage == name
     named = {role: p.relative_to(paths.ROOT).as_posix() for role, p in outputs.items()}
 
@@ -102,7 +102,7 @@ def test_no_stage_script_reaches_into_method_folders(script):
     tree = ast.parse(script.read_text())
     used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
             and n.value.id == "paths" and n.attr in folder_names}
-    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "paths"
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "stages.paths"
              for a in n.names if a.name in folder_names}
     assert not used, f"{script.name} uses {sorted(used)}: ask the writing stage's function in stages/paths.py"
 
@@ -147,3 +147,29 @@ def test_dvclive_summaries_no_stage_declares_are_outside_dvc_hashes():
         kept = [s for s in summaries if not repo.dvcignore.is_ignored_file(str(ROOT / s))]
         assert not kept, f"add to .dvcignore: {kept}"
         assert not repo.dvcignore.is_ignored_file(str(ROOT / "plots/glam/train/lora-0/plots/metrics/entropy.tsv"))
+
+
+def test_llm_rl_train_items_follow_the_training_seeds_in_params(tmp_path):
+    """llm_rl_train is a matrix over the variants and ``llm_rl.train.seeds``, resolved by DVC from params: three
+    seeds give six items, each with the seed in its command and its own outputs where stages/paths.py names them;
+    llm_rl_eval depends on the folder that holds every item's model."""
+    import shutil
+
+    from dvc.repo import Repo
+
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["llm_rl"]["train"]["seeds"] = [0, 1, 2]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    Repo.init(str(tmp_path), no_scm=True)
+    with Repo(str(tmp_path)) as repo:
+        stages = {s.name: s for s in repo.index.stages}
+    items = sorted(name for name in stages if name.startswith("llm_rl_train@"))
+    assert items == [f"llm_rl_train@{v}-{s}" for v in ("grpo", "reinforce_kl") for s in (0, 1, 2)]
+    for name in items:
+        variant, seed = name.removeprefix("llm_rl_train@").rsplit("-", 1)
+        assert stages[name].cmd == f"python -m stages.llm_rl_train {variant} {seed}"
+        outs = {o.def_path for o in stages[name].outs}
+        named = {p.relative_to(paths.ROOT).as_posix() for p in paths.llm_rl_train(variant, seed).values()}
+        assert {o.split("/plots/metrics")[0] for o in outs} == named
+    assert "models/llm_rl" in {d.def_path for d in stages["llm_rl_eval"].deps}

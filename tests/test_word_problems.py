@@ -17,6 +17,7 @@ from llmrl.envs.word_problems.datasets import (
     normalize,
     normalize_gsm8k,
     normalize_math,
+    problem_splits,
     read_jsonl,
     read_records,
     write_jsonl,
@@ -298,10 +299,34 @@ def test_the_first_stated_answer_counts_everywhere():
 
 def test_solve_scores_the_first_answer_and_counts_only_real_cuts():
     from llmrl.agents.math_solver import solve
-    from llmrl.llm import SamplingConfig, load_model
+    from llmrl.llm.generate import SamplingConfig
+    from llmrl.llm.load import load_model
 
     llm = load_model("tiny")
     problems = [{"id": "a", "problem": "1 + 1?", "answer": "2"}]
     rec = solve(llm, problems, [], SamplingConfig(max_new_tokens=3, temperature=0), progress=False)[0]
     # the tiny model writes no answer line in 3 tokens: a cut by the cap, scored on nothing
     assert rec["finish_reason"] == "length" and rec["parsed_answer"] is None
+
+
+def test_problem_splits_from_local_gsm8k_files_shuffle_train_and_cut_both(tmp_path):
+    def rows(first, n):
+        return [{"question": f"Tom has {a} apples and buys {a + 1} more. How many?",
+                 "answer": f"{a} + {a + 1} = <<{a}+{a + 1}={2 * a + 1}>>{2 * a + 1}\n#### {2 * a + 1}"}
+                for a in range(first, first + n)]
+
+    (tmp_path / "gsm").mkdir()
+    (tmp_path / "gsm" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(1, 6)))
+    (tmp_path / "gsm" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(50, 3)))
+    p = MathDataParams(source="gsm8k", train_path="gsm/train.jsonl", test_path="gsm/test.jsonl", n_train=4, n_test=2,
+                       seed=1)
+    train, test = problem_splits(p, tmp_path)
+    assert len(train) == 4 and [r["id"] for r in test] == ["gsm8k-test-0", "gsm8k-test-1"]
+    assert {r["answer"] for r in train} <= {str(2 * a + 1) for a in range(1, 7)}
+    assert [r["id"] for r in train] != [f"gsm8k-train-{i}" for i in range(4)]  # shuffled by the seed
+    assert problem_splits(p, tmp_path) == (train, test)
+    generated = problem_splits(MathDataParams(n_train=5, n_test=2), tmp_path)
+    assert generated == generated_splits(5, 2, 0, 0.2, 20)
+    (tmp_path / "gsm" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(1, 3)))
+    with pytest.raises(MathDataError, match="overlap"):
+        problem_splits(p.model_copy(update={"n_train": 6}), tmp_path)

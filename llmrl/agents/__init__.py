@@ -1,5 +1,8 @@
-"""Policies: baselines (random, BabyAI bot) and, per method, LLM policies, teachers and students."""
+"""Policies: the baselines (``baselines``: random, the BabyAI bot) and, per method, LLM policies, teachers and
+students.
 
-from llmrl.agents.baselines import BabyAIBotPolicy, RandomPolicy
+Import from the module that defines a name: importing this package loads none of them, so a stage depends on the
+modules it uses and no other (dvc.yaml's deps are a stage's import closure).
+"""
 
-__all__ = ["BabyAIBotPolicy", "RandomPolicy"]
+__all__: list[str] = []

@@ -16,6 +16,10 @@ episode, all stepped in lockstep with one batched policy call per step. gymnasiu
 every sub-environment on every call and auto-resets finished ones, so with episode lengths from 10 to 500
 (CartPole) most of its work would be discarded steps; this evaluator steps only the episodes still running.
 ``evaluate_params_loop`` is the plain one-episode-at-a-time reference (same seeds, same returns).
+
+``QuadraticObjective`` evaluates the environment-free ``QuadraticTask`` behind the same interface
+(``n_params``, ``policy``, ``returns(params, seeds, search_seeds=...)``, ``close``); ``objective_for`` picks the
+evaluator of a task. Episodes run at the task's own horizon (``ControlTask.horizon``), the one its prompts state.
 """
 
 from __future__ import annotations
@@ -26,10 +30,10 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from llmrl.envs.control import ControlTask, get_task, make_control_env
+from llmrl.envs.control import ControlTask, QuadraticTask, as_task, make_control_env
 
-__all__ = ["LinearPolicy", "QTablePolicy", "Policy", "policy_for", "ParamEvaluator", "evaluate_params",
-           "evaluate_params_loop", "render_episode"]
+__all__ = ["LinearPolicy", "QTablePolicy", "PlainVector", "Policy", "policy_for", "ParamEvaluator",
+           "QuadraticObjective", "objective_for", "evaluate_params", "evaluate_params_loop", "render_episode"]
 
 
 @dataclass(frozen=True)
@@ -148,12 +152,22 @@ class QTablePolicy:
         return "\n".join(lines)
 
 
-Policy = LinearPolicy | QTablePolicy
+@dataclass(frozen=True)
+class PlainVector:
+    """A parameter vector with no policy behind it (the quadratic task's point)."""
+
+    n_params: int
+
+    def param_names(self) -> list[str]:
+        return [f"params[{i}]" for i in range(self.n_params)]
+
+
+Policy = LinearPolicy | QTablePolicy | PlainVector
 
 
 def policy_for(task: str | ControlTask) -> Policy:
     """The task's policy family, shaped from its environment's spaces."""
-    t = task if isinstance(task, ControlTask) else get_task(task)
+    t = as_task(task)
     env = make_control_env(t)
     try:
         cls = QTablePolicy if t.policy == "qtable" else LinearPolicy
@@ -170,18 +184,25 @@ class ParamEvaluator:
     """
 
     def __init__(self, task: str | ControlTask, *, max_episode_steps: int | None = None):
-        self.task = task if isinstance(task, ControlTask) else get_task(task)
-        self.max_episode_steps = max_episode_steps
+        self.task = as_task(task)
+        self.max_episode_steps = max_episode_steps  # None: the task's horizon
         self.policy = policy_for(self.task)
         self._envs: list[gym.Env] = []
+
+    @property
+    def n_params(self) -> int:
+        return self.policy.n_params
 
     def _ensure(self, n: int) -> list[gym.Env]:
         while len(self._envs) < n:
             self._envs.append(make_control_env(self.task, max_episode_steps=self.max_episode_steps))
         return self._envs[:n]
 
-    def returns(self, params: np.ndarray, seeds: Sequence[int] | np.ndarray) -> np.ndarray:
-        """params (P, n_params), seeds (P, E) or (E,) shared → returns (P, E) and step counts in ``last_steps``."""
+    def returns(self, params: np.ndarray, seeds: Sequence[int] | np.ndarray, *,
+                search_seeds: Sequence[int] | None = None) -> np.ndarray:
+        """params (P, n_params), seeds (P, E) or (E,) shared → returns (P, E) and step counts in ``last_steps``.
+        ``search_seeds`` (one per row) matter to ``QuadraticObjective`` only: an environment's episodes are
+        fixed by their reset seeds."""
         params = np.atleast_2d(np.asarray(params, dtype=np.float64))
         n_p = params.shape[0]
         seeds = np.asarray(seeds, dtype=np.int64)
@@ -217,6 +238,40 @@ class ParamEvaluator:
         self._envs = []
 
 
+class QuadraticObjective:
+    """``QuadraticTask``'s f behind ``ParamEvaluator``'s interface: no episodes, so each row's E "returns" are
+    its one exact value repeated; the row's ``search_seeds`` entry picks its centre."""
+
+    def __init__(self, task: QuadraticTask):
+        self.task = task
+        self.policy = PlainVector(task.n_params)
+
+    @property
+    def n_params(self) -> int:
+        return self.task.n_params
+
+    def returns(self, params: np.ndarray, seeds: Sequence[int] | np.ndarray, *,
+                search_seeds: Sequence[int] | None = None) -> np.ndarray:
+        params = np.atleast_2d(np.asarray(params, dtype=np.float64))
+        seeds = np.asarray(seeds)
+        n_e = seeds.shape[-1]
+        if search_seeds is None or len(search_seeds) != params.shape[0]:
+            raise ValueError(f"search_seeds: the quadratic task needs one search seed per parameter vector "
+                             f"({params.shape[0]}), got {None if search_seeds is None else len(search_seeds)}")
+        values = np.array([self.task.values(p, s) for p, s in zip(params, search_seeds)])
+        return np.repeat(values[:, None], n_e, axis=1)
+
+    def close(self) -> None:
+        pass
+
+
+def objective_for(task: str | ControlTask | QuadraticTask) -> ParamEvaluator | QuadraticObjective:
+    """The evaluator of a task's parameter vectors: episodes of its environment, or the quadratic's exact f."""
+    if isinstance(task, QuadraticTask):
+        return QuadraticObjective(task)
+    return ParamEvaluator(task)
+
+
 def evaluate_params(
     task: str | ControlTask,
     params: np.ndarray,
@@ -240,7 +295,7 @@ def evaluate_params_loop(
     max_episode_steps: int | None = None,
 ) -> np.ndarray:
     """The plain reference: one environment, one episode after another, one policy call per step."""
-    t = task if isinstance(task, ControlTask) else get_task(task)
+    t = as_task(task)
     policy = policy_for(t)
     params = np.atleast_2d(np.asarray(params, dtype=np.float64))
     env = make_control_env(t, max_episode_steps=max_episode_steps)
@@ -268,7 +323,7 @@ def render_episode(
     max_episode_steps: int | None = None,
 ) -> tuple[list[np.ndarray], float]:
     """RGB frames (``render_mode='rgb_array'``) and the return of one episode of ``params``."""
-    t = task if isinstance(task, ControlTask) else get_task(task)
+    t = as_task(task)
     policy = policy_for(t)
     env = make_control_env(t, max_episode_steps=max_episode_steps, render_mode="rgb_array")
     try:

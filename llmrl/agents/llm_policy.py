@@ -288,25 +288,30 @@ def build_agent(model: str, variant: str, *, lora_r: int = 8, lora_alpha: int = 
 
 
 def save_agent(agent: LLMActorCritic, out_dir, meta: dict) -> None:
-    """``agent.pt`` (trainable tensors) and ``meta.json`` (the ``build_agent`` arguments), atomically."""
+    """``agent.pt`` (trainable tensors), ``meta.json`` (the ``build_agent`` arguments) and their checksums
+    (``SHA256SUMS``, checked by ``load_agent``), atomically."""
     import json
     from pathlib import Path
 
-    from llmrl.files import atomic_path
+    from llmrl.files import atomic_path, write_checksums
 
     with atomic_path(out_dir, is_dir=True) as tmp:
         save_torch(agent.trainable_state(), Path(tmp) / "agent.pt")
         (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=2))
+        write_checksums(tmp)
 
 
 def load_agent(out_dir) -> tuple[LLMActorCritic, dict]:
-    """Rebuild an agent saved by ``save_agent``."""
+    """Rebuild an agent saved by ``save_agent``; a damaged file is a ``DamagedFileError`` naming it."""
     import json
     from pathlib import Path
+
+    from llmrl.files import verify_checksums
 
     meta_file = Path(out_dir) / "meta.json"
     if not meta_file.is_file():
         raise FileNotFoundError(f"load_agent: {meta_file} not found (run the training stage first)")
+    verify_checksums(out_dir)
     meta = json.loads(meta_file.read_text())
     agent = build_agent(**meta["build"])
     agent.load_trainable_state(torch.load(Path(out_dir) / "agent.pt", weights_only=True))

@@ -15,8 +15,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from llmrl.envs.word_problems.answers import ANSWER_PHRASE, answers_match, extract_answer, through_first_answer
-from llmrl.llm import LLM, SamplingConfig, load_model
-from llmrl.llm.load import stable_adapter_names
+from llmrl.llm.generate import SamplingConfig
+from llmrl.llm.load import LLM, load_adapter, load_model, stable_adapter_names
+from llmrl.files import verify_checksums, write_checksums
 from llmrl.llm.prefix import generate_shared_prefix
 
 __all__ = ["build_messages", "render_state", "solve", "write_policy", "load_policy"]
@@ -79,7 +80,7 @@ def solve(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], sampling: S
 
 def write_policy(llm: LLM, folder: str | os.PathLike, base_model: str | None = None) -> None:
     """Write the policy into ``folder`` (the caller makes it atomic): a LoRA adapter for a PeftModel, else the
-    whole model, and the tokenizer.
+    whole model, and the tokenizer, and their checksums (``SHA256SUMS``, checked by ``load_policy``).
 
     For an adapter, ``base_model`` replaces the base path peft would record (the absolute path of this clone)
     in its config and model card, and the target modules are written sorted (peft keeps a set), so the same
@@ -89,20 +90,21 @@ def write_policy(llm: LLM, folder: str | os.PathLike, base_model: str | None = N
         stable_adapter_names(llm.model, base_model)
     llm.model.save_pretrained(folder, safe_serialization=True)
     llm.tokenizer.save_pretrained(folder)
+    write_checksums(folder)
 
 
 def load_policy(base_spec: str, folder: str | os.PathLike | None, *, device: str | None = None,
                 dtype: str | None = None) -> LLM:
-    """The base model, with a saved adapter merged in when ``folder`` holds one, or the saved model itself."""
+    """The base model, with a saved adapter merged in when ``folder`` holds one, or the saved model itself; the
+    folder's checksums are checked first (a damaged file is a ``DamagedFileError`` naming it)."""
     if folder is None:
         return load_model(base_spec, device=device, dtype=dtype)
     folder = Path(folder)
+    verify_checksums(folder)
     if not (folder / "adapter_config.json").is_file():
         return load_model(str(folder), device=device, dtype=dtype)
-    from peft import PeftModel
-
     llm = load_model(base_spec, device=device, dtype=dtype)
-    llm.model = PeftModel.from_pretrained(llm.model, str(folder)).merge_and_unload()
+    llm.model = load_adapter(llm.model, folder).merge_and_unload()
     llm.model.eval()
     llm.model.requires_grad_(False)
     return llm

@@ -8,12 +8,13 @@ continuous policy, the arg-max of a discrete one), so this policy has no sampled
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["OfflinePolicy"]
+__all__ = ["OfflinePolicy", "save_learnable"]
 
 
 class OfflinePolicy:
@@ -27,8 +28,13 @@ class OfflinePolicy:
 
     @classmethod
     def load(cls, path: str | os.PathLike, embedding: np.ndarray, name: str = "offline") -> OfflinePolicy:
+        """The d3rlpy model saved at ``path``, once its folder's ``SHA256SUMS`` vouches for it (d3rlpy's file is a
+        pickle with no checksum: a damaged one is a ``DamagedFileError`` naming it, never unpickled)."""
         import d3rlpy
 
+        from llmrl.files import verify_checksums
+
+        verify_checksums(Path(path).parent, [Path(path).name])
         return cls(d3rlpy.load_learnable(str(path), device=False), embedding, name)
 
     def with_instruction(self, embedding: np.ndarray) -> OfflinePolicy:
@@ -48,3 +54,14 @@ class OfflinePolicy:
             raise ValueError(f"OfflinePolicy {self.name}: input size {x.shape[1]} (obs {obs.shape[1]} + "
                              f"embedding {embeddings.shape[1]}) but the model takes {expected}")
         return self.learnable.predict(x)
+
+
+def save_learnable(learnable, path: str | os.PathLike) -> None:
+    """d3rlpy's ``save`` to ``path`` (a pickle that carries no checksum), then the checksums of its folder
+    (``SHA256SUMS``), which ``OfflinePolicy.load`` checks before unpickling."""
+    from llmrl.files import write_checksums
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    learnable.save(str(path))
+    write_checksums(path.parent)

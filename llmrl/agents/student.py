@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from torch import nn
 
-from llmrl.files import save_torch
+from llmrl.files import save_torch, verify_checksums, write_checksums
 
 __all__ = ["GridStudent", "MLPStudent", "save_student", "load_student", "StudentPolicy"]
 
@@ -142,14 +142,17 @@ def build_student(config: dict) -> nn.Module:
 
 
 def save_student(path: str | os.PathLike, model: nn.Module, extra: dict | None = None) -> None:
-    """``{"config", "state_dict", **extra}`` written atomically, the same bytes for the same contents."""
+    """``{"config", "state_dict", **extra}`` written atomically, the same bytes for the same contents, and the
+    checksums of its folder (``SHA256SUMS``, checked by ``load_student``; give each student a folder of its own)."""
     save_torch({"config": model.config(), "state_dict": model.state_dict(), **(extra or {})}, path)
+    write_checksums(Path(path).parent)
 
 
 def load_student(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"student checkpoint {path} not found")
+    verify_checksums(path.parent, [path.name])  # a damaged file is a DamagedFileError naming it
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = build_student(ckpt["config"])
     model.load_state_dict(ckpt["state_dict"])

@@ -7,11 +7,13 @@ episodes per seed as a ProPS search (``iterations × episodes_per_eval``); every
   very episode seeds ProPS uses at that iteration (common random numbers); the final policy is the best point.
 - CEM: a diagonal Gaussian (mean at the range centre, ``init_std``) samples ``population`` candidates per
   generation, each scored over ``episodes_per_candidate`` episodes; the best ``elite_frac`` refit mean and std
-  (std floored at ``min_std``, samples clipped to the range). Generations run while the budget allows; the final
+  (std floored at ``min_std``, samples clipped to the range). Generations fill the budget exactly (a generation
+  size that does not divide it is an error: every method of a table spends the same episodes); the final
   policy is the distribution mean. Its ``best_return`` is the best candidate's mean over its few episodes, an
   optimistic figure: compare methods on the held-out evaluation of their final policies.
 
-Several seeds advance in lockstep so their episodes are evaluated in one batch. Rows use ProPS's vocabulary
+Several seeds advance in lockstep so their episodes are evaluated in one batch. Both run on control tasks (at the
+horizon ``search.max_episode_steps`` gives) and on the environment-free quadratic task. Rows use ProPS's vocabulary
 (``step``, ``episodes``, ``return_mean``, ``best_return``, ``seconds``), one per seed per iteration/generation.
 """
 
@@ -23,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmrl.agents.linear_policy import ParamEvaluator
-from llmrl.algos.props_search import SEED_STRIDE, episode_seeds, random_point
+from llmrl.agents.linear_policy import objective_for
+from llmrl.algos.props_search import SEED_STRIDE, episode_seeds, random_point, search_task
 from llmrl.config.props import CEMParams, PropsSearchParams, PropsSpaceParams
-from llmrl.envs.control import ControlTask, get_task
+from llmrl.envs.control import ControlTask, QuadraticTask
 
 __all__ = ["BlackboxState", "random_search", "cem"]
 
@@ -43,16 +45,16 @@ class BlackboxState:
 
 
 def random_search(
-    task: str | ControlTask,
+    task: str | ControlTask | QuadraticTask,
     seeds: Sequence[int],
     search: PropsSearchParams,
     space: PropsSpaceParams,
     *,
     states_out: list[BlackboxState] | None = None,
 ) -> Iterator[dict]:
-    t = task if isinstance(task, ControlTask) else get_task(task)
-    ev = ParamEvaluator(t, max_episode_steps=search.max_episode_steps.get(t.key))
-    n = ev.policy.n_params
+    t = search_task(search, task)
+    ev = objective_for(t)
+    n = ev.n_params
     states = [BlackboxState("random_search", s, np.random.default_rng([s, 104729])) for s in seeds]
     if states_out is not None:
         states_out.extend(states)
@@ -61,7 +63,7 @@ def random_search(
             t0 = time.perf_counter()
             points = np.stack([random_point(st.rng, n, space) for st in states])
             seed_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
-            means = ev.returns(points, seed_mat).mean(axis=1)
+            means = ev.returns(points, seed_mat, search_seeds=[st.seed for st in states]).mean(axis=1)
             seconds = time.perf_counter() - t0
             for st, x, m in zip(states, points, means):
                 st.episodes += search.episodes_per_eval
@@ -75,7 +77,7 @@ def random_search(
 
 
 def cem(
-    task: str | ControlTask,
+    task: str | ControlTask | QuadraticTask,
     seeds: Sequence[int],
     search: PropsSearchParams,
     space: PropsSpaceParams,
@@ -83,13 +85,14 @@ def cem(
     *,
     states_out: list[BlackboxState] | None = None,
 ) -> Iterator[dict]:
-    t = task if isinstance(task, ControlTask) else get_task(task)
-    ev = ParamEvaluator(t, max_episode_steps=search.max_episode_steps.get(t.key))
-    n = ev.policy.n_params
+    t = search_task(search, task)
     budget = search.iterations * search.episodes_per_eval
     per_gen = p.population * p.episodes_per_candidate
-    if per_gen > budget:
-        raise ValueError(f"props.baselines.cem: one generation needs {per_gen} episodes, the budget is {budget}")
+    if per_gen > budget or budget % per_gen:
+        raise ValueError(f"props.baselines.cem: a generation needs {per_gen} episodes, which must divide the budget "
+                         f"{budget} (every method spends the same episodes)")
+    ev = objective_for(t)
+    n = ev.n_params
     n_elite = max(1, int(round(p.elite_frac * p.population)))
     states = [BlackboxState("cem", s, np.random.default_rng([s, 15485863])) for s in seeds]
     if states_out is not None:
@@ -107,7 +110,9 @@ def cem(
             seed_mat = np.stack([
                 (st.seed * SEED_STRIDE + st.episodes + np.arange(per_gen)).reshape(p.population, -1)
                 for st in states])  # (S, pop, epc): consecutive fresh episode seeds of each search seed
-            scores = ev.returns(cands.reshape(-1, n), seed_mat.reshape(-1, p.episodes_per_candidate)).mean(axis=1)
+            owners = np.repeat([st.seed for st in states], p.population)
+            scores = ev.returns(cands.reshape(-1, n), seed_mat.reshape(-1, p.episodes_per_candidate),
+                                search_seeds=owners).mean(axis=1)
             scores = scores.reshape(len(states), p.population)
             seconds = time.perf_counter() - t0
             for k, st in enumerate(states):

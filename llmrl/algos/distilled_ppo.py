@@ -121,7 +121,7 @@ def update_from_rollout(agent: nn.Module, optimizer: torch.optim.Optimizer, buf:
     return ppo_update(agent, optimizer, {k: v.flatten(0, 1) for k, v in batch.items()}, cfg, distill_coef, gen)
 
 
-def train(envs: gym.vector.VectorEnv, agent: nn.Module, cfg: PPOParams, *, seed: int,
+def train(agent: nn.Module, envs: gym.vector.VectorEnv, cfg: PPOParams, *, seed: int,
           teacher: Teacher | None = None, distill: DistillParams | None = None,
           progress: bool = True) -> Iterator[dict]:
     """Train ``agent`` in place, yielding one metrics row per iteration (rollout + update) in the shared vocabulary

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from llmrl.config.grpo import GRPOTrainParams
-from llmrl.files import atomic_path
+from llmrl.files import atomic_path, write_checksums
 from llmrl.llm.load import LLM, peft_lora_config, render_chat, stable_adapter_names
 
 __all__ = ["RewardFunc", "completion_text", "completion_seed", "SeededRowSampler", "grpo_trainer_class",
@@ -416,3 +416,4 @@ def save_adapter(model, folder: str | os.PathLike, *, base_model: str) -> None:
         model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
         for f in tmp.iterdir():
             f.chmod(0o644)  # safetensors creates its file owner-only; published outputs get the usual permissions
+        write_checksums(tmp)  # checked by llmrl.llm.load.load_adapter

@@ -23,10 +23,13 @@ import torch
 
 from llmrl.config.kalm import KalmGroundParams
 from llmrl.data.trajectories import Episode
-from llmrl.llm.grounded import GroundedLM, TokenSequence, collate, trajectory_prompt
+from llmrl.envs import kalm_levels as kl
+from llmrl.llm.grounded import (GroundedLM, GroundingSpec, TokenSequence, collate, observation_scale, reverse_prompt,
+                                trajectory_prompt)
 from llmrl.llm.load import dtype_name, resolve_dtype
 
-__all__ = ["build_samples", "autocast_dtype", "evaluate_losses", "train_grounding"]
+__all__ = ["grounding_spec", "build_samples", "validation_params", "update_steps", "autocast_dtype",
+           "evaluate_losses", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 TERMS = ("obs_loss", "act_loss", "token_loss")
@@ -35,6 +38,24 @@ TERMS = ("obs_loss", "act_loss", "token_loss")
 def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(obs [T, d], actions [T(, A)], next_obs [T, d]) of one real or imagined episode."""
     return ep.observations["obs"], ep.actions, ep.observations["next_obs"]
+
+
+def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundParams) -> GroundingSpec:
+    """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, and
+    the continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states."""
+    obs = np.concatenate([np.concatenate([e.observations["obs"], e.observations["next_obs"]]) for e in episodes])
+    kl.check_obs(benchmark, obs, "training observations")
+    mean, scale = observation_scale(obs, p.obs_std_floor)
+    act = kl.action_spec(benchmark)
+    return GroundingSpec(obs_dim=kl.obs_dim(benchmark), action_dim=act.n, discrete=act.discrete,
+                         action_low=float(act.low), action_high=float(act.high), base_model=p.model,
+                         finetune="lora" if p.lora is not None else "full", obs_mean=mean, obs_std=scale,
+                         obs_fields=[list(f) for f in kl.obs_fields(benchmark)])
+
+
+def update_steps(p: KalmGroundParams, samples: int) -> int:
+    """Optimizer updates for ``p.epochs`` passes over ``samples`` sequences at ``p.batch_size`` (at least one)."""
+    return max(1, math.ceil(p.epochs * samples / p.batch_size))
 
 
 def build_samples(model: GroundedLM, episodes: Sequence[Episode], p: KalmGroundParams,
@@ -66,13 +87,18 @@ def build_samples(model: GroundedLM, episodes: Sequence[Episode], p: KalmGroundP
                 b.text(f"Instruction: {ep.mission}\nInitial state:").state(obs[0]).text(" Final state:")
                 b.state(nxt[-1], target=True, marker="target")
             else:
-                keep = np.unique(np.linspace(0, T - 1, min(T, p.reverse_states)).round().astype(int))
-                b.text("Trajectory:")
-                for t in keep:
-                    b.state(obs[t]).action(act[t])
-                b.state(nxt[-1]).text("\nInstruction:").text(" " + ep.mission, target=True).eos(target=True)
+                reverse_prompt(b, obs, act, nxt[-1], p.reverse_states)
+                b.text(" " + ep.mission, target=True).eos(target=True)
             out[pattern].append(b.build())
     return out
+
+
+def validation_params(p: KalmGroundParams) -> KalmGroundParams:
+    """The held-out set's sample counts: an eighth of each pattern's training count (at least one), drawn from
+    the validation episodes."""
+    return p.model_copy(update={k: max(1, v // 8) for k, v in {
+        "trajectory_samples": p.trajectory_samples, "dynamics_samples": p.dynamics_samples,
+        "goal_samples": p.goal_samples, "reverse_samples": p.reverse_samples}.items()})
 
 
 def weighted_loss(losses: dict[str, torch.Tensor], p: KalmGroundParams) -> torch.Tensor:
@@ -111,12 +137,17 @@ def evaluate_losses(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
             for k, v in losses.items():
                 acc[k] = acc.get(k, 0.0) + float(v) * len(chunk)
         for k, v in acc.items():
-            if v:
+            if v and k in per_term:
                 result[f"{pattern}/{k}"] = round(v / len(seqs), 5)
                 per_term[k].append(v / len(seqs))
+            elif k == "obs_accuracy":
+                result[f"{pattern}/{k}"] = round(v / len(seqs), 4)
     # a term's figure is the mean over the patterns that carry it (patterns weigh equally, whatever their counts)
     totals = {k: float(np.mean(v)) if v else 0.0 for k, v in per_term.items()}
     result.update({k: round(v, 5) for k, v in totals.items()})
+    accuracies = [v for k, v in result.items() if k.endswith("/obs_accuracy")]
+    if accuracies:
+        result["obs_accuracy"] = round(float(np.mean(accuracies)), 4)
     result["loss"] = round(p.obs_weight * totals["obs_loss"] + p.act_weight * totals["act_loss"]
                            + p.token_weight * totals["token_loss"], 5)
     return result
@@ -139,12 +170,34 @@ def _target_counts(batch: dict[str, torch.Tensor]) -> list[float]:
             float((batch["labels"][:, 1:] != -100).sum())]
 
 
+def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, window: int = 32
+                   ) -> list[np.ndarray]:
+    """One epoch of batches (sample indices): a seeded permutation cut into windows of ``window`` batches, each
+    window sorted by sequence length and cut into batches, then the batches shuffled. Sequences of similar length
+    share a batch, so little compute goes to padding (the patterns' lengths differ up to tenfold), and every sample
+    appears once per epoch."""
+    order = rng.permutation(len(lengths))
+    batches = []
+    for lo in range(0, len(order), window * batch_size):
+        chunk = order[lo:lo + window * batch_size]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], p: KalmGroundParams,
-                    rng: np.random.Generator, *, accelerator=None) -> Iterator[dict]:
+                    rng: np.random.Generator, *, accelerator=None,
+                    validation: dict[str, list[TokenSequence]] | None = None) -> Iterator[dict]:
     """SFT on the mixed patterns; yields one metrics row per update.
 
-    Row: step, loss, obs_loss, act_loss, token_loss, lr, autocast (dtype name). Batches are drawn from all
-    patterns pooled, in a seeded order (an epoch-style permutation, reshuffled when exhausted).
+    Row: step, loss, obs_loss, act_loss, token_loss (obs_accuracy for categorical observations), lr, autocast
+    (dtype name). ``update_steps(p, samples)`` updates over the patterns' samples pooled, in seeded epochs of
+    length-bucketed batches (``length_batches``).
+
+    With ``validation`` samples and ``p.eval_every`` > 0, the held-out loss (``evaluate_losses``) is measured every
+    ``eval_every`` updates and after the last (row key ``heldout_loss``), and the model ends with the trainable
+    weights of the update where it was lowest (row key ``selected`` on that update's row, once, at the end): a
+    small model overfits a few thousand samples within epochs, and the validation split picks the stopping point.
 
     ``accelerator`` (``accelerate.Accelerator`` of N processes, the model on its device): every rank draws the
     same batches and runs its share ``batch[rank::N]`` through DDP. A rank's term is its share's mean weighted by
@@ -165,21 +218,24 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
            if acc is not None else None)
     opt = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
 
+    steps = update_steps(p, len(pool))
+
     def schedule(step: int) -> float:
         if step < p.warmup:
             return (step + 1) / (p.warmup + 1)
-        return max(0.0, 1 - (step - p.warmup) / max(1, p.steps - p.warmup))
+        return max(0.0, 1 - (step - p.warmup) / max(1, steps - p.warmup))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     dtype = autocast_dtype(p, model.llm.device)
     pad = model.llm.tokenizer.pad_token_id
-    order = rng.permutation(len(pool))
-    cursor = 0
-    for step in range(p.steps):
-        if cursor + p.batch_size > len(order):
-            order, cursor = rng.permutation(len(pool)), 0
-        batch = [pool[i] for i in order[cursor:cursor + p.batch_size]]
-        cursor += p.batch_size
+    lengths = np.asarray([len(s) for s in pool])
+    epoch: list[np.ndarray] = []
+    select = bool(validation) and p.eval_every > 0
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    for step in range(steps):
+        while not epoch:
+            epoch = [b for b in length_batches(lengths, p.batch_size, rng) if len(b) >= world]
+        batch = [pool[i] for i in epoch.pop(0)]
         model.train()
         if ddp is None:
             with _autocast(dtype, model.llm.device):
@@ -188,7 +244,7 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         else:
             losses, objective = _share_losses(ddp, collate(batch[rank::world], pad), p, acc, dtype)
             loss = weighted_loss(losses, p)
-        if not math.isfinite(float(loss)):
+        if not math.isfinite(float(loss.detach())):
             raise FloatingPointError(f"grounding loss is {float(loss)} at step {step}")
         opt.zero_grad(set_to_none=True)
         objective.backward()
@@ -196,8 +252,20 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         lr = opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
-        yield {"step": step + 1, "loss": float(loss), **{k: float(v) for k, v in losses.items()}, "lr": lr,
-               "autocast": dtype_name(dtype)}
+        row = {"step": step + 1, "loss": float(loss.detach()), **{k: float(v.detach()) for k, v in losses.items()},
+               "lr": lr, "autocast": dtype_name(dtype)}
+        if select and ((step + 1) % p.eval_every == 0 or step + 1 == steps):
+            row["heldout_loss"] = evaluate_losses(model, validation, p)["loss"]
+            if best is None or row["heldout_loss"] < best[0]:
+                best = (row["heldout_loss"], step + 1, {n: q.detach().clone() for n, q in
+                                                         model.named_parameters() if q.requires_grad})
+        if select and step + 1 == steps:
+            with torch.no_grad():
+                for n, q in model.named_parameters():
+                    if q.requires_grad:
+                        q.copy_(best[2][n])
+            row["selected"] = best[1]
+        yield row
 
 
 def _share_losses(ddp, share: dict[str, torch.Tensor], p: KalmGroundParams, acc, dtype: torch.dtype):

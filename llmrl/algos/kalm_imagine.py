@@ -1,90 +1,90 @@
-"""KALM's imaginary rollouts for a level's goals, and their quality measured against the real simulator.
+"""KALM's imaginary rollouts for a level's goals, which of them to trust, and their quality against the simulator.
 
-For rollout i of a level: goal = goals[i % len(goals)], real initial state s_0 from ``make_goal_env(goal, seed + i)``;
-the grounded model imagines (a_t, s_{t+1}) step by step through its KV cache (``GroundedLM.imagine``) and stops at
-the horizon or at the first imagined s_{t+1} that satisfies the level's observation rule (``obs_success``).
-Rewards and terminals come from ``label_rewards`` through ``llmrl.envs.kalm_episodes.labelled_episode``: the same rule
-as the real data. Episodes carry ``info["imaginary"] = True``.
+Rollouts: at least ``rollouts`` per level, every goal the same number (``rollout_schedule``), each from a
+real initial state of the *imagine* initial-state split (seed ``p.seed + j``; never a training, validation or
+evaluation configuration). As in KALM, the grounded model continues the instruction -> trajectory prompt from the
+real s_0 greedily, one (a_t, s_{t+1}) at a time through its KV cache (``GroundedLM.imagine``), and stops at the
+horizon or at the first imagined s_{t+1} that satisfies the level's observation rule (``obs_success``). The horizon
+never exceeds the trajectory window the model was trained on (``check_horizon``: the original trains on whole
+trajectories and imagines up to the same length). Rewards and terminals come from ``label_rewards`` through
+``llmrl.envs.kalm_episodes.labelled_episode``: the same rule as the real data.
 
-Rollout quality (not measured in KALM): each imagined action sequence is replayed open-loop in the real env from
-the same seed; we report the env's own success of the replay, and the per-step error between imagined and
-simulated next states (mean absolute error over dimensions, and L2 norm), up to where the replay ends.
+Which rollouts to trust, without the simulator (``consistency``): the grounded model reads each imagined
+trajectory with its trajectory -> instruction pattern and scores candidate instructions: the rollout's own and one
+phrasing of other tasks (the level's tasks and every training task; all of them, or a seeded draw of
+``consistency_candidates``); a rollout is *consistent* when its own instruction scores highest. With
+``labels: consistent`` only consistent rollouts feed offline RL.
+
+The ``train`` level (one phrasing per training task, from imagine-split starts) is a control: its replay success
+says whether the model imagines at all, before any claim about unseen goals; it never feeds offline RL.
+
+Quality, as a diagnostic only (never a label), is measured against the simulator by
+``llmrl.eval.kalm.rollout_quality``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from llmrl.config.kalm import KalmImagineParams
-from llmrl.envs.kalm_episodes import labelled_episode
+from llmrl.config.kalm import KalmGroundParams, KalmImagineParams
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
+from llmrl.envs.kalm_episodes import labelled_episode
 from llmrl.llm.grounded import GroundedLM
 
-__all__ = ["horizon", "imagine_level", "rollout_quality", "episode_text"]
-
-
-@dataclass
-class ReplayResult:
-    success: bool  # the env's own checker during the open-loop replay
-    mae: list[float]  # per step: mean |imagined s_{t+1} - simulated s_{t+1}| over dimensions
-    l2: list[float]  # per step: ||imagined - simulated||_2
+__all__ = ["horizon", "check_horizon", "level_goals", "rollout_schedule", "imagine_level", "consistency_candidates",
+           "consistency", "episode_text"]
 
 
 def horizon(p: KalmImagineParams, benchmark: str) -> int:
     return p.metaworld_horizon if benchmark == "metaworld" else p.babyai_horizon
 
 
-class GoalEnvs:
-    """One real env per goal, reset with each rollout's seed: ``reset(seed=s)`` gives the same initial state as a
-    fresh ``make_goal_env(goal, s)`` (Meta-World: task variation s % 50), and building a Meta-World env costs
-    ~0.7 s of CPU, so rollouts share it."""
-
-    def __init__(self, settings):
-        self.settings = settings
-        self._envs: dict[kl.Goal, object] = {}
-
-    def reset(self, goal: kl.Goal, seed: int):
-        if goal not in self._envs:
-            self._envs[goal] = kl.make_goal_env(goal, seed, self.settings)
-        env = self._envs[goal]
-        obs, _ = env.reset(seed=seed)
-        return env, obs
-
-    def close(self) -> None:
-        for env in self._envs.values():
-            env.close()
-        self._envs.clear()
+def check_horizon(p: KalmImagineParams, ground: KalmGroundParams, benchmark: str) -> int:
+    """The benchmark's imagination horizon; ``ValueError`` naming both params when it exceeds the grounding window
+    (the model would imagine steps it was never trained to continue)."""
+    T = horizon(p, benchmark)
+    if T > ground.window:
+        raise ValueError(f"kalm.imagine.{benchmark}_horizon = {T} exceeds kalm.ground.window = {ground.window}: "
+                         "imagination must not run past the trajectory length the model was trained on")
+    return T
 
 
-def initial_states(goals: Sequence[kl.Goal], n: int, first_seed: int, envs: GoalEnvs) -> list[tuple[kl.Goal, int, np.ndarray]]:
-    """(goal, seed, s_0) for rollouts 0..n-1 (goals in turn, seed first_seed + i), from the real envs."""
-    out = []
-    for i in range(n):
-        goal = goals[i % len(goals)]
-        _env, obs = envs.reset(goal, first_seed + i)
-        out.append((goal, first_seed + i, kl.check_obs(goal.benchmark, obs, "initial observation")))
-    return out
+def _one_per_task(goals: Sequence[kl.Goal]) -> list[kl.Goal]:
+    seen: set[str] = set()
+    return [g for g in goals if not (g.task in seen or seen.add(g.task))]
 
 
-def imagine_level(model: GroundedLM, goals: Sequence[kl.Goal], p: KalmImagineParams, settings) -> list[Episode]:
-    """``p.rollouts`` imagined episodes over ``goals`` (all of one benchmark), labelled by the real-data rule."""
+def level_goals(benchmark: str, level: str) -> list[kl.Goal]:
+    """The goals imagined for ``level``: a test level's goals, or for ``train`` the first phrasing of each
+    training task (the control)."""
+    return _one_per_task(kl.goals(benchmark, "train")) if level == "train" else kl.goals(benchmark, level)
+
+
+def rollout_schedule(goals: Sequence[kl.Goal], p: KalmImagineParams) -> list[tuple[int, int]]:
+    """(goal index, initial-state seed) of every rollout of a level."""
+    return kl.goal_schedule(len(goals), kl.per_goal(len(goals), p.rollouts), p.seed)
+
+
+def imagine_level(model: GroundedLM, goals: Sequence[kl.Goal], p: KalmImagineParams, settings,
+                  steps: int) -> list[Episode]:
+    """At least ``p.rollouts`` imagined episodes over ``goals`` (all of one benchmark), every goal equally often, of
+    at most ``steps`` steps, labelled by the real-data rule; episode order is ``rollout_schedule``'s."""
     if not goals:
         raise kl.UnknownLevelError("imagine_level: no goals")
     benchmark = goals[0].benchmark
     if model.spec.obs_dim != kl.obs_dim(benchmark):
         raise kl.ObservationSizeError(f"grounded model obs_dim {model.spec.obs_dim}, {benchmark} observations "
                                       f"have size {kl.obs_dim(benchmark)}")
-    envs = GoalEnvs(settings)
-    starts = initial_states(goals, p.rollouts, p.seed, envs)
-    envs.close()
+    schedule = rollout_schedule(goals, p)
+    kl.check_seed_range("imagine", p.seed, len(schedule), "kalm.imagine.seed")
+    with kl.GoalEnvPool(settings) as envs:
+        starts = [(goals[g], seed, envs.reset(goals[g], seed)[1]) for g, seed in schedule]
     gen = torch.Generator().manual_seed(p.seed)
-    T = horizon(p, benchmark)
     episodes = []
     for lo in tqdm(range(0, len(starts), p.batch_size), desc=f"imagine {benchmark}/{goals[0].level}"):
         chunk = starts[lo:lo + p.batch_size]
@@ -94,7 +94,7 @@ def imagine_level(model: GroundedLM, goals: Sequence[kl.Goal], p: KalmImaginePar
             return [kl.obs_success(g, o) for g, o in zip(chunk_goals, nxt, strict=True)]
 
         acts, nexts, lengths = model.imagine([g.instruction for g in chunk_goals],
-                                             np.stack([s for _, _, s in chunk]), T, greedy=p.greedy,
+                                             np.stack([s for _, _, s in chunk]), steps, greedy=p.greedy,
                                              temperature=p.temperature, generator=gen, stop=stop)
         for j, (goal, seed, s0) in enumerate(chunk):
             n = int(lengths[j])
@@ -105,58 +105,33 @@ def imagine_level(model: GroundedLM, goals: Sequence[kl.Goal], p: KalmImaginePar
     return episodes
 
 
-def replay(episode: Episode, goal: kl.Goal, envs: GoalEnvs) -> ReplayResult:
-    """Replay the imagined actions open-loop in the real env from the episode's seed."""
-    env, obs = envs.reset(goal, episode.seed)
-    success, mae, l2 = False, [], []
-    imagined = episode.observations["next_obs"]
-    for t, a in enumerate(episode.actions):
-        obs, _r, terminated, truncated, info = env.step(int(a) if np.ndim(a) == 0 else np.asarray(a, np.float32))
-        diff = np.asarray(obs, np.float32) - imagined[t]
-        mae.append(float(np.abs(diff).mean()))
-        l2.append(float(np.linalg.norm(diff)))
-        success = success or bool(info.get("success", False))
-        if terminated or truncated:
-            break
-    return ReplayResult(success, mae, l2)
+def consistency_candidates(benchmark: str, level: str) -> list[kl.Goal]:
+    """One instruction per task a consistency check chooses among: the level's tasks (their first phrasing at the
+    level) and every training task (its first training phrasing), so a rollout that merely replays a trained skill
+    is named after that skill."""
+    return _one_per_task(level_goals(benchmark, level) + kl.goals(benchmark, "train"))
 
 
-def rollout_quality(episodes: Sequence[Episode], goals_by_task: dict[str, kl.Goal] | None, settings,
-                    goals: Sequence[kl.Goal] | None = None) -> tuple[dict, list[dict]]:
-    """Headline quality figures of a level's imagined episodes and a per-episode table.
-
-    ``goals`` (same order as episodes) or ``goals_by_task`` ((task, instruction) lookup) names each episode's goal.
-    """
-    rows, succ, rule, maes, l2s, first_mae = [], [], [], [], [], []
-    envs = GoalEnvs(settings)
-    for i, ep in enumerate(episodes):
-        goal = goals[i] if goals is not None else goals_by_task[(ep.info["task"], ep.mission)]
-        r = replay(ep, goal, envs)
-        succ.append(r.success)
-        rule.append(bool(ep.terminated[-1]))
-        maes.extend(r.mae)
-        l2s.extend(r.l2)
-        if r.mae:
-            first_mae.append(r.mae[0])
-        rows.append({"task": goal.task, "instruction": ep.mission, "seed": ep.seed, "length": len(ep),
-                     "imagined_success": bool(ep.terminated[-1]), "replay_success": r.success,
-                     "mae_mean": round(float(np.mean(r.mae)), 5) if r.mae else None,
-                     "mae_first": round(r.mae[0], 5) if r.mae else None,
-                     "mae_last": round(r.mae[-1], 5) if r.mae else None})
-    envs.close()
-    n = len(episodes)
-    summary = {
-        "rollouts": n,
-        "imagined_success": round(float(np.mean(rule)), 4) if n else None,
-        "true_success": round(float(np.mean(succ)), 4) if n else None,
-        "true_success_given_imagined": (round(float(np.mean([s for s, r in zip(succ, rule) if r])), 4)
-                                        if any(rule) else None),
-        "step_mae": round(float(np.mean(maes)), 5) if maes else None,
-        "step_l2": round(float(np.mean(l2s)), 5) if l2s else None,
-        "first_step_mae": round(float(np.mean(first_mae)), 5) if first_mae else None,
-        "mean_length": round(float(np.mean([len(e) for e in episodes])), 2) if n else None,
-    }
-    return summary, rows
+def consistency(model: GroundedLM, episodes: Sequence[Episode], candidates: Sequence[kl.Goal], states: int,
+                others: int = 0, seed: int = 0) -> list[dict]:
+    """Per episode: whether the model scores the episode's own instruction above every competitor (``consistent``),
+    the instruction it scores highest (``named``) and the own instruction's rank. Competitors: the candidates of
+    other tasks, all of them (``others`` = 0) or ``others`` drawn for episode i with ``default_rng([seed, i])``.
+    Score: mean log-probability per token of the instruction after the trajectory -> instruction prompt with
+    ``states`` states (``GroundedLM.instruction_logprobs``)."""
+    out = []
+    for i, ep in enumerate(tqdm(episodes, desc="consistency", leave=False)):
+        rivals = [c for c in candidates if c.task != ep.info["task"]]
+        if others and others < len(rivals):
+            pick = np.random.default_rng([seed, i]).choice(len(rivals), others, replace=False)
+            rivals = [rivals[j] for j in sorted(pick)]
+        texts = [ep.mission] + [c.instruction for c in rivals]
+        scores = model.instruction_logprobs(ep.observations["obs"], ep.actions, ep.observations["next_obs"][-1],
+                                            texts, states)
+        rank = int((scores[1:] > scores[0]).sum()) + 1
+        out.append({"consistent": rank == 1, "named": texts[int(np.argmax(scores))], "own_rank": rank,
+                    "competitors": len(rivals)})
+    return out
 
 
 def episode_text(ep: Episode, limit: int = 6) -> dict:

@@ -54,13 +54,14 @@ def mix_episodes(real: Sequence[Episode], imagined: Sequence[Episode], mix_ratio
 
     Imagined episodes are taken in a seeded random order, cycling when all are used; the last one added is the
     one that brings the share closest to ``mix_ratio``, so the realised share is within half an imagined episode's
-    length of the target.
+    length of the target. Without imagined episodes (none passed the imagination's filter) the result is the real
+    data alone, and the stats say so (0 imagined steps).
     """
     if not 0 < mix_ratio < 1:
         raise ValueError(f"mix_ratio must be in (0, 1), got {mix_ratio}")
-    if not imagined:
-        raise ValueError("mix_episodes: no imagined episodes to mix in")
     real_steps = sum(len(e) for e in real)
+    if not imagined:
+        return list(real), MixStats(real_steps, 0, 0)
     target = mix_ratio / (1 - mix_ratio) * real_steps
     rng = np.random.default_rng(seed)
     chosen: list[Episode] = []

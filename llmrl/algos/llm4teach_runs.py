@@ -16,10 +16,12 @@ from torch import nn
 
 from llmrl.agents.student import GridStudent
 from llmrl.agents.teacher import TeacherPolicy
-from llmrl.algos.mappo import make_mappo_agent, train_mappo
-from llmrl.algos.distilled_ppo import make_vector_env, train
+from llmrl.algos import distilled_ppo, mappo
+from llmrl.algos.distilled_ppo import make_vector_env
+from llmrl.algos.mappo import make_mappo_agent
 from llmrl.config.llm4teach import LLM4TeachMPEParams, LLM4TeachTrainParams
-from llmrl.envs import make_env
+import llmrl.envs.doorkey  # noqa: F401  (registers the DoorKey family the grid students train on)
+from llmrl.envs.make import make_env
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.seeding import seed_everything
 
@@ -63,8 +65,9 @@ def train_grid_student(env_id: str, teacher: TeacherPolicy | None, t: LLM4TeachT
 
     point(0)
     history = []
-    for stats in train(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
-                       distill=t.distill, progress=progress):
+    for stats in distilled_ppo.train(agent, envs, cfg, seed=seed,
+                                     teacher=teacher.distributions if teacher else None, distill=t.distill,
+                                     progress=progress):
         history.append(stats)
         if stats["iteration"] % every == 0 or stats["iteration"] == cfg.iterations:
             point(stats["frames"])
@@ -82,7 +85,7 @@ def train_spread_student(teacher: TeacherPolicy | None, m: LLM4TeachMPEParams, s
     envs = SpreadBatch(cfg.num_envs, m.n_agents, m.max_cycles, m.local_ratio)
     agent = make_mappo_agent(envs.obs_dim, envs.n_agents, envs.n_actions, tuple(m.hidden))
     history = []
-    for stats in train_mappo(envs, agent, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
+    for stats in mappo.train(agent, envs, cfg, seed=seed, teacher=teacher.distributions if teacher else None,
                              distill=m.distill, progress=progress):
         history.append(stats)
         if on_iteration is not None:

@@ -11,16 +11,18 @@ group_size`` completions, each split into optimiser steps of ``micro_batch``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import torch
 
 from llmrl.agents.math_solver import build_messages
-from llmrl.algos.grpo import GRPORun, build_grpo_trainer, completion_text
+from llmrl.algos.grpo import build_grpo_trainer, completion_text, gather_records, GRPORun, train as train_grpo
 from llmrl.config.grpo import GRPOTrainParams
-from llmrl.config.llm_rl import CommonTrainParams, GRPOParams
+from llmrl.config.llm_rl import CommonTrainParams, GRPOParams, ReinforceTrainParams
 from llmrl.envs.word_problems.answers import answers_match, extract_answer, through_first_answer
-from llmrl.llm import LLM
+from llmrl.llm.load import LLM
 
-__all__ = ["trainer_params", "correctness_reward", "build_dataset", "build_trainer"]
+__all__ = ["trainer_params", "correctness_reward", "build_dataset", "build_trainer", "train"]
 
 
 def trainer_params(common: CommonTrainParams, grpo: GRPOParams, *, bf16: bool = False) -> GRPOTrainParams:
@@ -84,3 +86,26 @@ def build_trainer(llm: LLM, problems: Sequence[dict], shots: Sequence[dict], cfg
     sampled completion is appended to it (LLM outputs are data)."""
     reward = correctness_reward if record is None else recording_reward(record)
     return build_grpo_trainer(llm, build_dataset(problems, shots), [reward], cfg, output_dir)
+
+
+def train(llm: LLM, problems: Sequence[dict], cfg: ReinforceTrainParams, *, shots: Sequence[dict],
+          output_dir: str | os.PathLike, record: list[dict] | None = None) -> Iterator[dict]:
+    """GRPO at the budget REINFORCE-KL trains with (``cfg.common``, ``cfg.grpo``), the shape LLM_RL's variants share
+    (``llmrl.algos.reinforce_kl.train``): one stats row per optimiser step (``step`` from 0, ``optimizer_steps`` 1;
+    the reward and completion length on the steps that start a generation round), ``llm.model`` the trained model
+    at the end. TRL writes its run under ``output_dir``. With ``record`` every sampled completion of every process
+    is appended to it once training ends (LLM outputs are data); every process must run to the end, for the gather.
+    """
+    completions: list[dict] = []
+    run = build_trainer(llm, problems, shots, trainer_params(cfg.common, cfg.grpo, bf16=llm.dtype == torch.bfloat16),
+                        output_dir=output_dir, record=completions)
+    for row in train_grpo(run):
+        stats = {"step": row["step"] - 1, "loss": row["loss"], "grad_norm": row["grad_norm"], "lr": row["lr"],
+                 "step_time": row.get("step_time"), "optimizer_steps": 1}
+        if "reward_mean" in row:
+            stats.update(average_reward=row["reward_mean"], mean_length=row.get("completion_length"))
+        yield stats
+    llm.model = run.trainer.model
+    gathered = gather_records(completions)  # a collective: every process takes part
+    if record is not None:
+        record += gathered

@@ -26,7 +26,7 @@ from llmrl.algos.distilled_ppo import Teacher, act_into, rollout_buffers, update
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 
-__all__ = ["make_mappo_agent", "train_mappo", "greedy_joint_policy", "evaluate_spread"]
+__all__ = ["make_mappo_agent", "train", "greedy_joint_policy", "evaluate_spread"]
 
 
 def mappo_inputs(obs: np.ndarray, clock: np.ndarray) -> np.ndarray:
@@ -42,9 +42,9 @@ def make_mappo_agent(obs_dim: int, n_agents: int, n_actions: int, hidden: tuple[
     return MLPStudent(obs_dim + n_agents, n_actions, hidden, critic_dim=n_agents * obs_dim + n_agents + 1)
 
 
-def train_mappo(envs: SpreadBatch, agent: nn.Module, cfg: PPOParams, *, seed: int,
-                teacher: Teacher | None = None, distill: DistillParams | None = None,
-                progress: bool = True) -> Iterator[dict]:
+def train(agent: nn.Module, envs: SpreadBatch, cfg: PPOParams, *, seed: int,
+          teacher: Teacher | None = None, distill: DistillParams | None = None,
+          progress: bool = True) -> Iterator[dict]:
     """Train the shared actor and centralised critic in place, yielding one metrics row per iteration (the
     vocabulary of ``distilled_ppo.train``; return_mean is the mean team return of the episodes that ended).
 

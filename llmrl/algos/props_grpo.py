@@ -3,39 +3,37 @@
 The original (``finetune.py`` of sachingrover211/llm-rl_finetune) sampled 4,000 MountainCarContinuous parameter
 vectors, scored each over 20 episodes, and asked the LLM, shown one of them as the only history entry, for a
 better point; the completions were rewarded for their format and for the return of the point they proposed.
-Here, differently from the original:
+What carries over, and what is done differently here:
 - vectors are drawn from the ONE parameter range of ``props.space`` (the original drew from [-10, 10] while its
-  prompt allowed [-6, 6]);
-- the prompt is the search's own numeric template (``props_prompts.render_search_prompt``) with one history
-  entry, and a system message asking for ``<think>…</think>`` followed by the answer line in the search's
-  ``params[i]: x`` format, which the search's strict parser (``props_prompts.parse_reply``) reads;
+  prompt allowed [-6, 6]) and scored at the task's horizon, the one the search runs and the prompt states;
+- the chat is the search's own (``props_prompts.search_messages``): the one ProPS system message and the numeric
+  template with one history entry, so the tuned model is asked in search exactly as it was trained (the
+  original trained with a system prompt asking for ``<think>…</think><policy>…</policy>`` that its search never
+  sent);
 - the assistant turn may be opened with an ``answer_prefix`` (a final assistant message, which
-  ``llmrl.algos.grpo`` continues), as the search opens it for a model
-  too small to start in the format (SmolLM2-135M: 3 % of its replies parsed without ``params[0]:``, 72 % with it,
-  on the CPU default's prompts), so that GRPO trains the turn the search asks for; every reward reads the prefix
-  and the completion together (a reply that starts with the answer has no ``<think>`` block: both format rewards
-  are then 0 and only the policy and improvement rewards vary);
+  ``llmrl.algos.grpo`` continues), as the search opens it for a model too small to start in the format
+  (SmolLM2-135M: 3 % of its replies parsed without ``params[0]:``, 72 % with it); every reward reads the prefix
+  and the completion together, so each can be earned under the prefix;
 - each reward is a pure function of its arguments (the completions and the example's own columns); the settings
-  they need are bound once by ``make_reward_funcs`` and never change:
-  - ``format_soft``: a closed ``<think>…</think>`` block (any number of lines: the original's regex had no
-    DOTALL, so any multi-line reasoning scored 0) followed by a non-empty answer;
-  - ``format_hard``: soft, and the answer after ``</think>`` is accepted by the search's parser (exactly
-    ``n_params`` values in the ``params[i]: x`` format, finite, in range, not the shown point; the original's
-    regex never matched the format its prompt asked for);
+  they need are bound once by ``make_reward_funcs``:
+  - ``format_soft``: the answer line (the first line naming ``params[``, after an optional closed ``<think>``
+    block) is made of well-formed ``params[i]: number`` items, each index once, no placeholder copied, a
+    trailing ``f(params)`` echo allowed; the count, range and novelty are not asked (the original: its tags);
+  - ``format_hard``: the search's strict parser accepts the reply (exact count, in range, not the shown point;
+    the original's regex never matched the format its prompt asked for);
   - ``policy``: the return R of one rollout of the proposed point, seeded by the example's ``rollout_seed``
-    column, mapped to [0, 1] as clip((R - return_floor) / return_span, 0, 1) ((R + 200) / 300 on
+    column, normalised as norm(R) = clip((R - return_floor) / return_span, 0, 1) ((R + 200) / 300 on
     MountainCarContinuous, the original's mapping); 0 for a reply the search would reject;
-  - ``improvement``: clip((R_new - R_old) / return_span, 0, 1) with R_old the example's own ``r_old`` column
-    (the original read a module-level global set by the policy reward, and multiplied by R_new / R_old, which
-    flips sign when R_old < 0 and divides by zero at R_old = 0; dividing by the fixed span keeps the sign of
-    the improvement).
-  All four completions of a group see the same example, so the same rollout seed: they differ only by the
-  point proposed.
+  - ``improvement``: the original's formula on normalised returns, with n = norm(R_new), o = norm(R_old):
+    clip((n - o) * n / o, 0, 1), and n where o = 0 (the original's guard); R_old is the example's own ``r_old``
+    column (the original read a module-level global set by the policy reward); 0 for a rejected reply.
+  ``policy`` and ``improvement`` share one rollout per proposal (``RolloutMemo``, bound by ``make_reward_funcs``;
+  the original shared it through that global): a proposed point is rolled out once per rollout seed.
+  All completions of a group see the same example, so the same rollout seed: they differ only by the point.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,25 +41,18 @@ import numpy as np
 
 from llmrl.agents.linear_policy import ParamEvaluator, policy_for
 from llmrl.algos.grpo import RewardFunc, completion_text
-from llmrl.algos.props_prompts import PromptSettings, format_example, parse_reply, render_search_prompt
+from llmrl.algos.props_prompts import PromptSettings, parse_reply, search_messages
+from llmrl.config.props import PropsGRPOParams, PropsSpaceParams
 from llmrl.envs.control import ControlTask
 
-__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "RewardSettings",
-           "reply_texts", "accepted_replies", "format_soft", "format_hard", "policy_reward",
-           "improvement_reward", "make_reward_funcs"]
+__all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "FineTuneData",
+           "fine_tune_data", "RewardSettings", "reply_texts", "accepted_replies", "normalised_return", "RolloutMemo",
+           "format_soft", "format_hard", "policy_reward", "improvement_reward", "make_reward_funcs",
+           "training_summary"]
 
-SYSTEM_PROMPT = (
-    "You are a numerical optimizer. First reason step by step inside <think> and </think>. "
-    "After </think>, write only the new point on one line in this format: {format_example}"
-)
-
-_THINK_BLOCK = re.compile(r"<think>(.*?)</think>(.*)", re.DOTALL | re.IGNORECASE)
-
-
-def answer_after_think(text: str) -> str | None:
-    """The text after the first closed ``<think>…</think>`` block (multi-line), or None without one."""
-    m = _THINK_BLOCK.search(text)
-    return None if m is None else m.group(2)
+# Parser verdicts that say the answer line itself is malformed; the others (count, range, non-finite, the shown
+# point) judge a well-formed line.
+_MALFORMED = {"no_answer", "example_copy", "junk", "repeated_index"}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -75,14 +66,14 @@ class ScoredVectors:
 
 
 def sample_scored_vectors(task: ControlTask, n: int, episodes: int, *, low: float, high: float, decimals: int,
-                          seed: int, max_episode_steps: int | None = None) -> ScoredVectors:
+                          seed: int) -> ScoredVectors:
     """``n`` vectors ~ U(low, high) rounded to ``decimals`` (the precision the prompt asks for), each scored over
-    ``episodes`` episodes with distinct reset seeds, all episodes stepped together."""
+    ``episodes`` episodes at the task's horizon with distinct reset seeds, all episodes stepped together."""
     policy = policy_for(task)
     rng = np.random.default_rng(seed)
     params = np.round(rng.uniform(low, high, size=(n, policy.n_params)), decimals)
     seeds = seed * 1_000_000 + np.arange(n * episodes, dtype=np.int64).reshape(n, episodes)
-    evaluator = ParamEvaluator(task, max_episode_steps=max_episode_steps)
+    evaluator = ParamEvaluator(task)
     try:
         returns = evaluator.returns(params, seeds)
     finally:
@@ -99,12 +90,9 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
 
 def build_messages(task: ControlTask, history_params: Sequence[float], history_value: float,
                    settings: PromptSettings, *, iteration: int, total_iterations: int) -> list[dict]:
-    """The chat of one example: the system message and the search's numeric prompt with one history entry."""
-    policy = policy_for(task)
-    user = render_search_prompt("numeric", task=task, policy=policy, history=[(history_params, history_value)],
-                                iteration=iteration, total_iterations=total_iterations, settings=settings)
-    return [{"role": "system", "content": SYSTEM_PROMPT.format(format_example=format_example(policy.n_params))},
-            {"role": "user", "content": user}]
+    """The chat of one example: the search's own (system message, numeric prompt) with one history entry."""
+    return search_messages("numeric", task=task, policy=policy_for(task), history=[(history_params, history_value)],
+                           iteration=iteration, total_iterations=total_iterations, settings=settings)
 
 
 def build_records(task: ControlTask, data: ScoredVectors, indices: Sequence[int], settings: PromptSettings, *,
@@ -128,20 +116,55 @@ def build_records(task: ControlTask, data: ScoredVectors, indices: Sequence[int]
     return records
 
 
+@dataclass(frozen=True)
+class FineTuneData:
+    """The fine-tune's data: the scored vectors, their train/test split, and one example per vector of each split
+    (``records["train"]``, ``records["test"]``; only the train split is trained on)."""
+
+    vectors: ScoredVectors
+    train: np.ndarray  # indices into vectors
+    test: np.ndarray
+    records: dict[str, list[dict]]
+
+    def vector_rows(self) -> list[dict]:
+        """Every scored vector with its split, its per-episode returns and their reset seeds."""
+        held_out = set(self.test.tolist())
+        v = self.vectors
+        return [{"id": i, "split": "test" if i in held_out else "train", "params": v.params[i].tolist(),
+                 "returns": v.returns[i].tolist(), "seeds": v.seeds[i].tolist()} for i in range(len(v.params))]
+
+
+def fine_tune_data(task: ControlTask, p: PropsGRPOParams, space: PropsSpaceParams) -> FineTuneData:
+    """``p.vectors`` vectors from the one range of ``space``, scored over ``p.episodes`` episodes at ``task``'s
+    horizon, split ``p.test_fraction`` held out, each shown in the search's prompt (its step size and optimum hint
+    as ``p`` asks); the reward rollouts' seeds never reuse a scoring episode's."""
+    vectors = sample_scored_vectors(task, p.vectors, p.episodes, low=space.low, high=space.high,
+                                    decimals=space.decimals, seed=p.seed)
+    train, test = split_indices(p.vectors, p.test_fraction, p.seed)
+    settings = PromptSettings(low=space.low, high=space.high, decimals=space.decimals,
+                              step_size=p.step_size or task.step_size,
+                              optimum=task.optimum if p.optimum_hint else None, episodes=p.episodes)
+    rollout_seed_base = (p.seed + 1) * 1_000_000_000
+    records = {split: build_records(task, vectors, idx, settings, iteration=p.iteration,
+                                    total_iterations=p.total_iterations, rollout_seed_base=rollout_seed_base,
+                                    answer_prefix=p.answer_prefix)
+               for split, idx in (("train", train), ("test", test))}
+    return FineTuneData(vectors, train, test, records)
+
+
 # ------------------------------------------------------------------------------------------------ rewards
 
 
 @dataclass(frozen=True)
 class RewardSettings:
-    """What the rewards need besides their inputs; fixed for a run."""
+    """What the rewards need besides their inputs; fixed for a run. Rollouts run at ``task``'s horizon."""
 
     task: ControlTask
     n_params: int
     low: float
     high: float
-    return_floor: float  # return mapped to 0 by the policy reward
-    return_span: float  # returns return_floor + return_span and above map to 1
-    max_episode_steps: int | None = None
+    return_floor: float  # return normalised to 0
+    return_span: float  # returns return_floor + return_span and above normalise to 1
 
 
 def reply_texts(completions, answer_prefix: Sequence[str] | None) -> list[str]:
@@ -151,83 +174,151 @@ def reply_texts(completions, answer_prefix: Sequence[str] | None) -> list[str]:
     return [(p or "") + completion_text(c) for p, c in zip(prefixes, completions)]
 
 
-def format_soft(completions, answer_prefix=None, **_) -> list[float]:
-    """1.0 where a closed ``<think>…</think>`` block (multi-line allowed) is followed by a non-empty answer."""
-    out = []
-    for text in reply_texts(completions, answer_prefix):
-        answer = answer_after_think(text)
-        out.append(float(answer is not None and answer.strip() != ""))
-    return out
+def normalised_return(r: float, s: RewardSettings) -> float:
+    """clip((r - return_floor) / return_span, 0, 1): the original's (R + 200) / 300 on MountainCarContinuous."""
+    return float(np.clip((r - s.return_floor) / s.return_span, 0.0, 1.0))
 
 
-def _accepted(text: str, old_params, s: RewardSettings, *, need_think: bool) -> np.ndarray | None:
+def _parsed(text: str, old_params, s: RewardSettings):
+    return parse_reply(text, s.n_params, s.low, s.high, current=old_params)
+
+
+def format_soft(completions, answer_prefix=None, *, settings: RewardSettings, **_) -> list[float]:
+    """1.0 where the answer line is made of well-formed ``params[i]: number`` items (count, range and novelty
+    aside; module doc)."""
+    return [float(_parsed(t, None, settings).error not in _MALFORMED)
+            for t in reply_texts(completions, answer_prefix)]
+
+
+def _accepted(text: str, old_params, s: RewardSettings) -> np.ndarray | None:
     """The point the search would accept from this reply (its parser, the shown point as current), or None."""
-    if need_think:
-        text = answer_after_think(text)
-        if text is None:
-            return None
-    parsed = parse_reply(text, s.n_params, s.low, s.high, current=old_params)
+    parsed = _parsed(text, old_params, s)
     return parsed.params if parsed.ok else None
 
 
 def accepted_replies(completions, old_params, answer_prefix=None, *, settings: RewardSettings) -> list[float]:
-    """1.0 where the search's parser accepts the whole reply, no think block needed: the replies the search would
-    not re-ask (not a reward; ``props_grpo`` records its rate per step)."""
-    return [float(_accepted(t, o, settings, need_think=False) is not None)
+    """1.0 where the search's parser accepts the whole reply: the replies the search would not re-ask (not a
+    reward; ``props_grpo`` records its rate per step)."""
+    return [float(_accepted(t, o, settings) is not None)
             for t, o in zip(reply_texts(completions, answer_prefix), old_params)]
 
 
 def format_hard(completions, old_params, answer_prefix=None, *, settings: RewardSettings, **_) -> list[float]:
-    """1.0 where the think block is there and the answer after it passes the search's strict parser."""
-    return [float(_accepted(t, o, settings, need_think=True) is not None)
-            for t, o in zip(reply_texts(completions, answer_prefix), old_params)]
+    """1.0 where the search's strict parser accepts the reply."""
+    return accepted_replies(completions, old_params, answer_prefix, settings=settings)
+
+
+class RolloutMemo:
+    """Returns of rolled-out proposals keyed by (point, rollout seed): the policy and improvement rewards of one
+    batch roll each proposal out once. Holds the last ``keep`` entries."""
+
+    def __init__(self, keep: int = 4096):
+        self.keep = keep
+        self.returns: dict[tuple, float] = {}
+        self.rollouts = 0  # episodes actually played
+
+    def get(self, points: Sequence[np.ndarray], seeds: Sequence[int], s: RewardSettings) -> list[float]:
+        keys = [(tuple(float(x) for x in p), int(seed)) for p, seed in zip(points, seeds)]
+        known = {k: self.returns[k] for k in keys if k in self.returns}
+        todo = [k for k in dict.fromkeys(keys) if k not in known]
+        if todo:
+            evaluator = ParamEvaluator(s.task)
+            try:
+                got = evaluator.returns(np.asarray([k[0] for k in todo]), np.asarray([[k[1]] for k in todo]))
+            finally:
+                evaluator.close()
+            self.rollouts += len(todo)
+            fresh = {k: float(r) for k, r in zip(todo, got[:, 0])}
+            known.update(fresh)
+            if len(self.returns) + len(fresh) > self.keep:
+                self.returns.clear()
+            self.returns.update(fresh)
+        return [known[k] for k in keys]
 
 
 def rollout_returns(completions, old_params, rollout_seed, settings: RewardSettings,
-                    answer_prefix: Sequence[str] | None = None) -> list[float | None]:
+                    answer_prefix: Sequence[str] | None = None,
+                    memo: RolloutMemo | None = None) -> list[float | None]:
     """Return of one rollout per accepted proposal (seeded by the example's ``rollout_seed``); None if rejected."""
-    points = [_accepted(t, o, settings, need_think=False)
-              for t, o in zip(reply_texts(completions, answer_prefix), old_params)]
+    points = [_accepted(t, o, settings) for t, o in zip(reply_texts(completions, answer_prefix), old_params)]
     rows = [i for i, p in enumerate(points) if p is not None]
     out: list[float | None] = [None] * len(points)
     if rows:
-        evaluator = ParamEvaluator(settings.task, max_episode_steps=settings.max_episode_steps)
-        try:
-            returns = evaluator.returns(np.stack([points[i] for i in rows]),
-                                        np.asarray([[rollout_seed[i]] for i in rows], dtype=np.int64))
-        finally:
-            evaluator.close()
-        for i, r in zip(rows, returns[:, 0]):
-            out[i] = float(r)
+        got = (memo or RolloutMemo()).get([points[i] for i in rows], [rollout_seed[i] for i in rows], settings)
+        for i, r in zip(rows, got):
+            out[i] = r
     return out
 
 
 def policy_reward(completions, old_params, rollout_seed, answer_prefix=None, *, settings: RewardSettings,
-                  **_) -> list[float]:
-    """clip((R - return_floor) / return_span, 0, 1) of one rollout of the proposed point; 0 when rejected."""
-    returns = rollout_returns(completions, old_params, rollout_seed, settings, answer_prefix)
-    return [0.0 if r is None else float(np.clip((r - settings.return_floor) / settings.return_span, 0.0, 1.0))
-            for r in returns]
+                  memo: RolloutMemo | None = None, **_) -> list[float]:
+    """norm(R) of one rollout of the proposed point; 0 when rejected."""
+    returns = rollout_returns(completions, old_params, rollout_seed, settings, answer_prefix, memo)
+    return [0.0 if r is None else normalised_return(r, settings) for r in returns]
 
 
 def improvement_reward(completions, old_params, rollout_seed, r_old, answer_prefix=None, *,
-                       settings: RewardSettings, **_) -> list[float]:
-    """clip((R_new - R_old) / return_span, 0, 1), R_old the example's own ``r_old``; 0 when rejected."""
-    returns = rollout_returns(completions, old_params, rollout_seed, settings, answer_prefix)
-    return [0.0 if r is None else float(np.clip((r - old) / settings.return_span, 0.0, 1.0))
-            for r, old in zip(returns, r_old)]
+                       settings: RewardSettings, memo: RolloutMemo | None = None, **_) -> list[float]:
+    """The original's clip((n - o) * n / o, 0, 1) on normalised returns n = norm(R_new), o = norm(R_old), and n
+    where o = 0; 0 when rejected."""
+    returns = rollout_returns(completions, old_params, rollout_seed, settings, answer_prefix, memo)
+    out = []
+    for r, old in zip(returns, r_old):
+        if r is None:
+            out.append(0.0)
+            continue
+        n, o = normalised_return(r, settings), normalised_return(old, settings)
+        out.append(n if o == 0 else float(np.clip((n - o) * n / o, 0.0, 1.0)))
+    return out
 
 
-def make_reward_funcs(settings: RewardSettings) -> list[RewardFunc]:
-    """The four rewards with their settings bound, named as TRL logs them (``rewards/<name>/mean``)."""
+def make_reward_funcs(settings: RewardSettings, memo: RolloutMemo | None = None) -> list[RewardFunc]:
+    """The four rewards with their settings and one shared ``RolloutMemo`` bound, named as TRL logs them
+    (``rewards/<name>/mean``)."""
+    memo = memo if memo is not None else RolloutMemo()
 
-    def bind(fn, name):
+    def bind(fn, name, **bound):
         def reward(*args, **kwargs):
-            return fn(*args, settings=settings, **kwargs)
+            return fn(*args, settings=settings, **bound, **kwargs)
 
         reward.__name__ = name
         reward.__doc__ = fn.__doc__
         return reward
 
-    return [format_soft, bind(format_hard, "format_hard"), bind(policy_reward, "policy"),
-            bind(improvement_reward, "improvement")]
+    return [bind(format_soft, "format_soft"), bind(format_hard, "format_hard"),
+            bind(policy_reward, "policy", memo=memo), bind(improvement_reward, "improvement", memo=memo)]
+
+
+# ------------------------------------------------------------------------------------------------ the result
+
+
+def training_summary(rows: Sequence[dict], completions: Sequence[dict], vectors: ScoredVectors,
+                     settings: RewardSettings) -> dict:
+    """What a fine-tune did, from its training rows (``llmrl.algos.grpo.train``) and every sampled completion (its
+    ``step``, ``id`` of the vector shown, ``answer_prefix``, ``completion`` and ``reward_format_hard``): the steps
+    and completions; the share of whole replies (prefix + completion) the search's strict parser accepts at the
+    first and last step and over all, i.e. one minus its parse failures; the mean reward and the hard-format
+    reward's rate at the first and last step that logged them, and the hard-format rate over all completions."""
+    def first_last(key: str) -> list[float | None]:
+        values = [r[key] for r in rows if key in r]
+        return [values[0], values[-1]] if values else [None, None]
+
+    accepted = accepted_replies([c["completion"] for c in completions],
+                                [vectors.params[c["id"]].tolist() for c in completions],
+                                [c["answer_prefix"] for c in completions], settings=settings)
+    steps = sorted({c["step"] for c in completions})
+
+    def accepted_at(step) -> float:
+        at = [a for a, c in zip(accepted, completions) if c["step"] == step]
+        return round(sum(at) / len(at), 4)
+
+    return {
+        "steps": len(rows),
+        "completions": len(completions),
+        "accepted_rate_first_last": [accepted_at(steps[0]), accepted_at(steps[-1])] if steps else [None, None],
+        "accepted_rate_all": round(sum(accepted) / len(accepted), 4) if accepted else None,
+        "reward_mean_first_last": first_last("reward_mean"),
+        "format_hard_rate_first_last": first_last("reward_format_hard"),
+        "format_hard_rate_all": (sum(c["reward_format_hard"] for c in completions) / len(completions)
+                                 if completions else None),
+    }

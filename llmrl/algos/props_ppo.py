@@ -5,7 +5,8 @@ training resets with ``s * 1_000_000 + k``) and stops as soon as ``budget_episod
 every training episode counts, as every ProPS evaluation episode does. One row per PPO rollout, with the
 shared vocabulary (``step``, ``episodes``, ``env_steps``, ``return_mean`` of the episodes finished in that
 rollout, ``best_return`` the best such mean so far, ``seconds``). The final policy is PPO's deterministic
-policy, evaluated by ``evaluate_ppo`` on the held-out seeds.
+policy, evaluated by ``evaluate_ppo`` on the held-out seeds. Episodes run at the task's horizon
+(``ControlTask.horizon``), the one the LLM methods' prompts state.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from llmrl.algos.props_search import SEED_STRIDE
 from llmrl.config.props import PPOBaselineParams
-from llmrl.envs.control import ControlTask, get_task, make_control_env
+from llmrl.envs.control import ControlTask, as_task, make_control_env
 
 __all__ = ["ppo_baseline", "evaluate_ppo"]
 
@@ -42,7 +43,6 @@ def ppo_baseline(
     budget_episodes: int,
     p: PPOBaselineParams,
     *,
-    max_episode_steps: int | None = None,
     model_out: list | None = None,
 ) -> Iterator[dict]:
     """Train SB3 PPO until ``budget_episodes`` episodes finished; the trained model goes to ``model_out``."""
@@ -50,8 +50,8 @@ def ppo_baseline(
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import Logger
 
-    t = task if isinstance(task, ControlTask) else get_task(task)
-    env = _SeededResets(make_control_env(t, max_episode_steps=max_episode_steps), seed * SEED_STRIDE)
+    t = as_task(task)
+    env = _SeededResets(make_control_env(t), seed * SEED_STRIDE)
     model = PPO("MlpPolicy", env, learning_rate=p.learning_rate, n_steps=p.n_steps, batch_size=p.batch_size,
                 n_epochs=p.n_epochs, gamma=p.gamma, policy_kwargs={"net_arch": list(p.net_arch)}, seed=seed,
                 device="cpu", verbose=0)
@@ -106,11 +106,10 @@ def ppo_baseline(
         model_out.append(model)
 
 
-def evaluate_ppo(model, task: str | ControlTask, seeds: Sequence[int], *,
-                 max_episode_steps: int | None = None) -> np.ndarray:
+def evaluate_ppo(model, task: str | ControlTask, seeds: Sequence[int]) -> np.ndarray:
     """Returns of the deterministic PPO policy over the episodes seeded by ``seeds``."""
-    t = task if isinstance(task, ControlTask) else get_task(task)
-    env = make_control_env(t, max_episode_steps=max_episode_steps)
+    t = as_task(task)
+    env = make_control_env(t)
     out = np.zeros(len(seeds))
     try:
         for k, s in enumerate(seeds):

@@ -1,15 +1,23 @@
 """ProPS prompts and replies: Jinja templates, history rendering, token-budget trimming, the strict reply parser.
 
-Templates live in ``llmrl/algos/props_templates/`` (package data): ``numeric.j2`` (ProPS: black-box
+Templates live in ``llmrl/algos/props_templates/`` (package data): ``system.j2`` (the one system message of the
+search and of GRPO fine-tuning: what to answer and in which format), ``numeric.j2`` (ProPS: black-box
 maximisation of f(params)), ``semantic.j2`` (ProPS+: the same plus the environment description and the meaning
 of each parameter, rendered from the policy object) and ``correction.j2`` (the re-ask after an unusable reply).
 
-Reply format (the one the prompt asks for, one line): ``params[0]: 1.5; params[1]: -0.3; ...``. The parser is
-strict: exactly ``n_params`` items with indices 0..n-1 once each, every value finite and inside the range, and
-the point different from the current one. Anything else is a typed ``ParsedReply`` error whose ``detail`` goes
-into the correction prompt. Where the answer is looked for: a ``<think>…</think>`` block (multi-line) is
-removed first and ``<policy>``/``</policy>`` tags are ignored, then the first line that mentions ``params[`` is
-the answer; a trailing ``f(params): x`` item (models copy the history format) is ignored.
+Reply format (the one the prompt asks for, one line): ``params[0]: 1.5; params[1]: -0.3; ...``. The format is
+shown with placeholders (``params[0]: <value>; ...``), never with numbers: an example point would be a parseable
+proposal that small models copy (SmolLM2-135M proposed the old example [1.5, -0.5, 2] in 8 of 15 accepted
+MountainCar proposals), and a copied placeholder is rejected as ``example_copy``. The parser is strict: exactly
+``n_params`` items with indices 0..n-1 once each, every value finite and inside the range, and the point different
+from the current one. Anything else is a typed ``ParsedReply`` error whose ``detail`` goes into the correction
+prompt. Where the answer is looked for: a ``<think>…</think>`` block (multi-line) is removed first and
+``<policy>``/``</policy>`` tags are ignored, then the first line that mentions ``params[`` is the answer; a
+trailing ``f(params): x`` item (models copy the history format) is ignored, also when the reply was cut inside
+it (``f(par``): the parameters before it are complete.
+
+``reply_token_cap`` sizes the reply: the tokens of the longest answer line the format allows (every value with
+the widest integer part and one decimal more than asked), so a complete answer always fits.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import jinja2
 import numpy as np
 
 from llmrl.agents.linear_policy import Policy
-from llmrl.envs.control import ControlTask
+from llmrl.envs.control import ControlTask, QuadraticTask
 
-__all__ = ["TemplateName", "history_line", "format_example", "PromptSettings", "render_search_prompt",
-           "render_correction", "ParseError", "ParsedReply", "parse_reply", "chat_token_counter", "trim_history"]
+__all__ = ["TemplateName", "PLACEHOLDER", "history_line", "format_example", "PromptSettings", "render_system_prompt",
+           "render_search_prompt", "search_messages", "render_correction", "ParseError", "PARSE_ERRORS",
+           "ParsedReply", "parse_reply", "reply_token_cap", "chat_token_counter", "trim_history"]
 
 TemplateName = Literal["numeric", "semantic"]
 
@@ -57,15 +66,14 @@ def history_line(params: Sequence[float], value: float, decimals: int = 4) -> st
     return f"{format_params(params, decimals)}; f(params): {format_value(value, 2)}"
 
 
-_EXAMPLE_VALUES = (1.5, -0.5, 2.0, -1.0, 0.5)
+PLACEHOLDER = "<value>"
 
 
 def format_example(n_params: int) -> str:
-    """The answer format with illustrative numbers (small models copy a literal placeholder such as ``x``
-    verbatim, which can never parse; a copied example at least is a point)."""
+    """The answer format with a placeholder for every value: nothing in it is a point (module doc)."""
     if n_params <= 24:
-        return "; ".join(f"params[{i}]: {format_value(_EXAMPLE_VALUES[i % 5])}" for i in range(n_params))
-    return f"params[0]: 1.5; params[1]: -0.5; ...; params[{n_params - 1}]: {format_value(_EXAMPLE_VALUES[(n_params - 1) % 5])}"
+        return "; ".join(f"params[{i}]: {PLACEHOLDER}" for i in range(n_params))
+    return f"params[0]: {PLACEHOLDER}; params[1]: {PLACEHOLDER}; ...; params[{n_params - 1}]: {PLACEHOLDER}"
 
 
 @dataclass(frozen=True)
@@ -80,10 +88,15 @@ class PromptSettings:
     episodes: int  # episodes behind each f(params)
 
 
+def render_system_prompt(n_params: int) -> str:
+    """The system message of every ProPS exchange, search and GRPO alike: the role and the answer format."""
+    return _ENV.get_template("system.j2").render(n_params=n_params, format_example=format_example(n_params)).strip()
+
+
 def render_search_prompt(
     template: TemplateName,
     *,
-    task: ControlTask,
+    task: ControlTask | QuadraticTask,
     policy: Policy,
     history: Sequence[tuple[Sequence[float], float]],
     iteration: int,
@@ -93,14 +106,17 @@ def render_search_prompt(
     """The user message of one search iteration; count and layout come from ``policy``."""
     if template not in ("numeric", "semantic"):
         raise ValueError(f"template: must be 'numeric' or 'semantic', got {template!r}")
+    semantic = template == "semantic"
+    if semantic and not isinstance(task, ControlTask):
+        raise ValueError(f"template 'semantic' (ProPS+) describes an environment; task {task.key!r} has none")
     return _ENV.get_template(f"{template}.j2").render(
         n_params=policy.n_params,
-        env_id=task.env_id,
-        description=task.description,
-        state_names=task.state_names,
-        action_names=task.action_names,
-        reward=task.reward,
-        layout=policy.layout_text(task.state_names, task.action_names),
+        env_id=task.env_id if semantic else None,
+        description=task.description if semantic else None,
+        state_names=task.state_names if semantic else None,
+        action_names=task.action_names if semantic else None,
+        reward=task.reward if semantic else None,
+        layout=policy.layout_text(task.state_names, task.action_names) if semantic else None,
         episodes=settings.episodes,
         low=format_value(settings.low),
         high=format_value(settings.high),
@@ -114,6 +130,22 @@ def render_search_prompt(
     ).strip()
 
 
+def search_messages(
+    template: TemplateName,
+    *,
+    task: ControlTask | QuadraticTask,
+    policy: Policy,
+    history: Sequence[tuple[Sequence[float], float]],
+    iteration: int,
+    total_iterations: int,
+    settings: PromptSettings,
+) -> list[dict]:
+    """The chat of one search iteration: the system message and the user message (``render_search_prompt``)."""
+    user = render_search_prompt(template, task=task, policy=policy, history=history, iteration=iteration,
+                                total_iterations=total_iterations, settings=settings)
+    return [{"role": "system", "content": render_system_prompt(policy.n_params)}, {"role": "user", "content": user}]
+
+
 def render_correction(detail: str, *, n_params: int, low: float, high: float,
                       current: Sequence[float] | None = None) -> str:
     """The re-ask message after an unusable reply (``detail`` from ``ParsedReply``)."""
@@ -125,13 +157,23 @@ def render_correction(detail: str, *, n_params: int, low: float, high: float,
 
 # ------------------------------------------------------------------------------------------------ parsing
 
-ParseError = Literal["no_answer", "junk", "too_few", "too_many", "repeated_index", "non_finite",
+ParseError = Literal["no_answer", "example_copy", "junk", "too_few", "too_many", "repeated_index", "non_finite",
                      "out_of_range", "same_as_current"]
+PARSE_ERRORS: tuple[str, ...] = ParseError.__args__  # every kind, in the order the parser checks them
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
 _ITEM = re.compile(rf"^params\[\s*(\d+)\s*\]\s*[:=]\s*({_NUMBER})$", re.IGNORECASE)
 _F_ITEM = re.compile(rf"^f\(params\)\s*[:=]\s*({_NUMBER})$", re.IGNORECASE)
+_ECHO = "f(params):"
+_ECHO_VALUE = re.compile(r"^f\(params\)[:=][-+]?[\d.]*(?:e[-+]?\d*)?$", re.IGNORECASE)
+_PLACEHOLDER = re.compile(r"<\s*value|value\s*>", re.IGNORECASE)
+
+
+def _is_echo(item: str) -> bool:
+    """A trailing ``f(params): x`` item, complete or cut anywhere (``f(par``, ``f(params): -12.``)."""
+    s = item.replace(" ", "").lower()
+    return bool(s) and (_ECHO.startswith(s) or _ECHO_VALUE.match(s) is not None)
 
 
 @dataclass(frozen=True)
@@ -165,8 +207,11 @@ def parse_reply(
     if line is None:
         return ParsedReply(None, "no_answer", "no line of the form 'params[0]: value; params[1]: value; ...' "
                                               "was found.")
+    if _PLACEHOLDER.search(line):
+        return ParsedReply(None, "example_copy", f"the reply copies the format's placeholder {PLACEHOLDER}; write a "
+                                                 "number in place of each one.", line)
     items = [it.strip() for it in re.split(r"[;,]", line.strip().strip(".").strip("`")) if it.strip()]
-    if items and _F_ITEM.match(items[-1]):
+    if items and (_F_ITEM.match(items[-1]) or _is_echo(items[-1])):
         items = items[:-1]
     values: dict[int, float] = {}
     for it in items:
@@ -201,6 +246,15 @@ def parse_reply(
 # ----------------------------------------------------------------------------------------- token budget
 
 
+def reply_token_cap(tokenizer, n_params: int, low: float, high: float, decimals: int) -> int:
+    """New tokens a complete answer needs at most: the answer line with every value at the widest integer part
+    of the range and one decimal more than asked, counted with ``tokenizer``, and a line end."""
+    digits = len(str(int(max(abs(low), abs(high)))))
+    widest = "-" + "9" * digits + "." + "9" * (decimals + 1)
+    line = "; ".join(f"params[{i}]: {widest}" for i in range(n_params))
+    return len(tokenizer(line + "\n", add_special_tokens=False)["input_ids"]) + 2
+
+
 def chat_token_counter(tokenizer) -> Callable[[str | list[dict]], int]:
     """Tokens of a user message (or a whole conversation) after the tokenizer's chat template, generation
     prompt included: what the model is actually fed."""
@@ -217,12 +271,13 @@ def chat_token_counter(tokenizer) -> Callable[[str | list[dict]], int]:
 
 
 def trim_history(
-    render: Callable[[Sequence], str],
+    render: Callable[[Sequence], str | list[dict]],
     history: Sequence,
-    count_tokens: Callable[[str], int],
+    count_tokens: Callable[[str | list[dict]], int],
     budget: int,
-) -> tuple[str, int, int]:
-    """Drop the oldest history entries until ``render(kept)`` fits ``budget`` tokens.
+) -> tuple[str | list[dict], int, int]:
+    """Drop the oldest history entries until ``render(kept)`` (a user message or a whole chat) fits ``budget``
+    tokens.
 
     Returns (prompt, entries dropped, tokens). With every entry dropped and the prompt still too long it
     raises ``ValueError``: the fixed part of the template alone exceeds the budget.

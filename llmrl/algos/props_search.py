@@ -1,24 +1,29 @@
 """ProPS: an LLM proposes policy parameters from the history of (parameters, mean return); no gradient step.
 
 Per iteration, for K independent searches (seeds × methods) advancing in lockstep:
-1. render each search's prompt (``props_prompts.render_search_prompt``) from its history, dropping the
-   oldest entries until the prompt fits ``prompt_token_budget`` tokens of the model's own tokenizer with the
-   chat template applied;
-2. ask the LLM for all K prompts in one batched call (the chat template is always applied: ``generate``/the
-   chat endpoint do it);
+1. render each search's chat (``props_prompts.search_messages``: the one ProPS system message and the user
+   prompt) from its history, dropping the oldest entries until it fits ``prompt_token_budget`` tokens of the
+   model's own tokenizer with the chat template applied;
+2. ask the LLM for all K chats in one batched call per method (the chat template is always applied:
+   ``generate``/the chat endpoint do it), each reply capped at ``reply_token_cap`` tokens unless
+   ``max_new_tokens`` says more;
 3. parse each reply strictly (``parse_reply``); a search whose reply is unusable gets its reply and a
    correction message appended to its conversation and is re-asked (all such searches again in one batch),
    up to ``max_reasks`` times;
 4. a search still without a proposal, or whose LLM call failed (HTTP error, timeout, connection: an
    ``LLM_FAULTS`` exception), proposes the fallback: a uniform random point of the parameter space from the
    search's own generator. A programming error, or an offline reply-cache miss, is not a fault and raises;
-5. all K proposals are evaluated together, each over ``episodes_per_eval`` episodes (``ParamEvaluator``),
-   and appended to their histories.
+   so does ``LLMOutageError``: past the fault policy's share of failed requests or its deadline
+   (``props.llm.faults``, ``llmrl.llm.faults``) the search ends and its stage writes nothing;
+5. all K proposals are evaluated together, each over ``episodes_per_eval`` episodes (``objective_for``: the
+   task's environment at its horizon, or the quadratic's exact f), and appended to their histories.
 
 Every prompt, reply, parse result, re-ask, fault and fallback is recorded in ``SearchState.records``.
 ``props_search`` yields one metrics row per search per iteration with the shared vocabulary (``step``,
-``episodes``, ``return_mean``) and ProPS's own (``best_return``, ``llm_calls``, ``tokens``, ``reasks``,
-``parse_failures``, ``duplicates``, ``faults``, ``fallbacks``, ``seconds``), counters cumulative.
+``episodes``, ``return_mean``) and ProPS's own: ``proposal`` ("llm" or "fallback": where this iteration's point
+came from), ``best_return`` and the cumulative counters ``llm_proposals`` (iterations whose point the LLM made),
+``llm_calls``, ``tokens``, ``reasks``, ``parse_failures``, ``example_copies`` (replies that copied the format's
+placeholder), ``parse_errors`` (failures by reason), ``duplicates``, ``faults``, ``fallbacks``, and ``seconds``.
 
 Episode seeds: search seed s, iteration i (1-based), episode e uses ``s * 1_000_000 + (i - 1) * E + e``; every
 method uses the same episode seeds for the same search seed (common random numbers). Held-out evaluation seeds
@@ -35,22 +40,25 @@ from pathlib import Path
 
 import numpy as np
 
-from llmrl.agents.linear_policy import ParamEvaluator
+from llmrl.agents.linear_policy import ParamEvaluator, objective_for
 from llmrl.algos.props_prompts import (
+    PARSE_ERRORS,
     PromptSettings,
     chat_token_counter,
     parse_reply,
     render_correction,
-    render_search_prompt,
+    reply_token_cap,
+    search_messages,
     trim_history,
 )
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
-from llmrl.envs.control import ControlTask, get_task
+from llmrl.envs.control import ControlTask, QuadraticTask, get_task
 from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, ReplyCache, llm_fault_types, openai_backend
+from llmrl.llm.faults import FaultGuard, GuardedBackend
 from llmrl.llm.generate import SamplingConfig
 
-__all__ = ["SEED_STRIDE", "SearchState", "episode_seeds", "held_out_seeds", "random_point", "OptimizerLLM",
-           "build_optimizer_llm", "props_search"]
+__all__ = ["SEED_STRIDE", "SearchState", "search_task", "episode_seeds", "held_out_seeds", "HeldOutEvaluation",
+           "random_point", "OptimizerLLM", "build_optimizer_llm", "reply_cap", "props_search"]
 
 SEED_STRIDE = 1_000_000
 TEMPLATES = {"props": "numeric", "props_plus": "semantic"}
@@ -70,11 +78,14 @@ class SearchState:
     best_params: np.ndarray | None = None
     best_return: float = -np.inf
     episodes: int = 0
+    llm_proposals: int = 0
     llm_calls: int = 0
     prompt_tokens: int = 0
     tokens: int = 0
     reasks: int = 0
     parse_failures: int = 0
+    example_copies: int = 0
+    parse_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PARSE_ERRORS, 0))
     duplicates: int = 0
     faults: int = 0
     fallbacks: int = 0
@@ -90,9 +101,18 @@ class SearchState:
         return self.history[-1][0] if self.history else None
 
     def counters(self) -> dict:
-        return {"llm_calls": self.llm_calls, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
-                "reasks": self.reasks, "parse_failures": self.parse_failures, "duplicates": self.duplicates,
-                "faults": self.faults, "fallbacks": self.fallbacks}
+        return {"llm_proposals": self.llm_proposals, "llm_calls": self.llm_calls, "tokens": self.tokens,
+                "prompt_tokens": self.prompt_tokens, "reasks": self.reasks, "parse_failures": self.parse_failures,
+                "example_copies": self.example_copies, "parse_errors": dict(self.parse_errors),
+                "duplicates": self.duplicates, "faults": self.faults, "fallbacks": self.fallbacks}
+
+
+def search_task(search: PropsSearchParams, task: str | ControlTask | QuadraticTask) -> ControlTask | QuadraticTask:
+    """The task a search runs: a task object as it is (at its horizon), a control task's key at the horizon
+    ``search.max_episode_steps`` gives it (its own limit if none)."""
+    if isinstance(task, (ControlTask, QuadraticTask)):
+        return task
+    return get_task(task, search.max_episode_steps.get(task))
 
 
 def episode_seeds(seed: int, iteration: int, episodes: int) -> np.ndarray:
@@ -114,6 +134,28 @@ def check_seed_ranges(seeds: Sequence[int], iterations: int, episodes: int, eval
 def held_out_seeds(search: PropsSearchParams) -> np.ndarray:
     """Seeds of the held-out evaluation of every run's final policy (disjoint from all search episodes)."""
     return np.arange(search.eval_seed, search.eval_seed + search.eval_episodes)
+
+
+class HeldOutEvaluation:
+    """The held-out evaluation of a run's final policy, the same for every method of a table: its return in each
+    episode of the held-out seeds (``held_out_seeds``), at the task's horizon. A context manager (it holds the
+    task's environments)."""
+
+    def __init__(self, task: ControlTask, search: PropsSearchParams):
+        self.seeds = held_out_seeds(search)
+        self._evaluator = ParamEvaluator(task)
+
+    def __call__(self, params: Sequence[float] | np.ndarray) -> list[float]:
+        return [float(x) for x in self._evaluator.returns(params, self.seeds)[0]]
+
+    def close(self) -> None:
+        self._evaluator.close()
+
+    def __enter__(self) -> HeldOutEvaluation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def random_point(rng: np.random.Generator, n: int, space: PropsSpaceParams) -> np.ndarray:
@@ -138,12 +180,13 @@ def _model_fingerprint(spec: str, adapter: str | None) -> str:
 
 @dataclass
 class OptimizerLLM:
-    """The backend to ask and the counter that measures prompts in the model's own tokens."""
+    """The backend to ask, the counter that measures prompts in the model's own tokens, and that tokenizer."""
 
     backend: Backend
     count_tokens: object  # Callable[[str | list[dict]], int]
     label: str
-
+    tokenizer: object = None  # the model's tokenizer: sizes the reply cap
+    guard: FaultGuard | None = None  # the stage's fault policy over the backend (props_search plans its requests)
 
 def build_optimizer_llm(
     p: PropsLLMParams,
@@ -151,19 +194,23 @@ def build_optimizer_llm(
     cache_dir: str | Path | None,
     adapter: str | Path | None = None,
     llm=None,
+    guard: FaultGuard | None = None,
 ) -> OptimizerLLM:
     """Backend from params: a local model (optionally with a peft adapter) or an OpenAI-compatible endpoint,
-    wrapped in the content-addressed reply cache when ``cache_dir`` is given. ``llm`` reuses a loaded model."""
+    under the fault policy ``guard`` (by default one of ``p.faults``; a stage asking several optimizers passes
+    one for all), wrapped in the content-addressed reply cache when ``cache_dir`` is given. ``llm`` reuses a
+    loaded model."""
     from llmrl.llm.load import load_model, load_tokenizer, reply_tag
 
     adapter = str(adapter) if adapter else None
+    guard = guard or FaultGuard(p.faults, "props.llm.faults")
     if p.backend == "local":
         if llm is None:
             llm = load_model(p.spec, dtype=p.dtype)
             if adapter:
-                from peft import PeftModel
+                from llmrl.llm.load import load_adapter
 
-                llm.model = PeftModel.from_pretrained(llm.model, adapter)
+                llm.model = load_adapter(llm.model, adapter)  # its checksums checked first
                 llm.model.eval()
         backend: Backend = LocalBackend(llm, batch_size=p.batch_size, shared_prefix=True)
         backend.model_id = f"local-shared-prefix:{p.spec}" + (f"+{adapter}" if adapter else "") + \
@@ -174,14 +221,27 @@ def build_optimizer_llm(
             raise ValueError("an adapter applies to a local model only (serve base+adapter behind the endpoint)")
         tokenizer = llm.tokenizer if llm is not None else load_tokenizer(p.spec)
         backend = openai_backend(p.api, p.model, p.base_url, tokenizer=tokenizer, api_key_env=p.api_key_env,
-                                 max_retries=p.max_retries, timeout_s=p.timeout_s)
+                                 guard=guard)
+    backend = GuardedBackend(backend, guard)
     if cache_dir is not None:
         backend = CachedBackend(backend, ReplyCache(cache_dir), offline=p.offline)
-    return OptimizerLLM(backend, chat_token_counter(tokenizer), backend.model_id)
+    return OptimizerLLM(backend, chat_token_counter(tokenizer), backend.model_id, tokenizer, guard)
 
 
-def sampling_for(p: PropsLLMParams, iteration: int, attempt: int) -> SamplingConfig:
-    return SamplingConfig(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+def reply_cap(optimizer: OptimizerLLM, p: PropsLLMParams, n_params: int, space: PropsSpaceParams) -> int:
+    """The reply token cap: what a complete answer of ``n_params`` values needs (``reply_token_cap``), or
+    ``p.max_new_tokens`` where set, which must not be smaller."""
+    need = reply_token_cap(optimizer.tokenizer, n_params, space.low, space.high, space.decimals)
+    if p.max_new_tokens is None:
+        return need
+    if p.max_new_tokens < need:
+        raise ValueError(f"props.llm.max_new_tokens: {p.max_new_tokens} cannot hold a complete answer of {n_params} "
+                         f"values ({need} tokens); raise it or leave it unset")
+    return p.max_new_tokens
+
+
+def sampling_for(p: PropsLLMParams, iteration: int, attempt: int, max_new_tokens: int) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                           stop=("\n",) if p.stop_at_newline else (), seed=iteration * 100 + attempt)
 
 
@@ -190,7 +250,7 @@ def _with_prefix(conv: list[dict], prefix: str) -> list[dict]:
 
 
 def props_search(
-    task: str | ControlTask,
+    task: str | ControlTask | QuadraticTask,
     methods: Sequence[str],
     seeds: Sequence[int],
     optimizer: OptimizerLLM,
@@ -203,15 +263,23 @@ def props_search(
 ) -> Iterator[dict]:
     """Run len(methods) × len(seeds) searches in lockstep; yield one row per search per iteration.
 
+    ``task``: a task object (at its horizon) or a control task's key (at ``search.max_episode_steps``' horizon).
     The final ``SearchState`` objects (histories, best points, records) are appended to ``states_out``.
     """
-    t = task if isinstance(task, ControlTask) else get_task(task)
+    t = search_task(search, task)
+    if isinstance(t, QuadraticTask) and "props_plus" in methods:
+        raise ValueError("methods: props_plus describes an environment; the quadratic task has none (use props)")
     n_iter = iterations or search.iterations
     check_seed_ranges(seeds, n_iter, search.episodes_per_eval, search.eval_seed)
-    evaluator = ParamEvaluator(t, max_episode_steps=search.max_episode_steps.get(t.key))
+    evaluator = objective_for(t)
     policy = evaluator.policy
     n = policy.n_params
-    optimum = search.optimum.get(t.key, t.optimum) if search.optimum_hint else None
+    try:
+        max_new_tokens = reply_cap(optimizer, llm_params, n, space)
+    except ValueError:
+        evaluator.close()
+        raise
+    optimum = t.optimum if search.optimum_hint else None
     settings = PromptSettings(low=space.low, high=space.high, decimals=space.decimals,
                               step_size=search.step_size.get(t.key, t.step_size), optimum=optimum,
                               episodes=search.episodes_per_eval)
@@ -220,19 +288,21 @@ def props_search(
               for m in methods for s in seeds]
     if states_out is not None:
         states_out.extend(states)
+    if optimizer.guard is not None:  # a fault-free run asks at least one request per search and iteration
+        optimizer.guard.expect(n_iter * len(states))
     try:
         for it in range(1, n_iter + 1):
             t0 = time.perf_counter()
             convs: list[list[dict]] = []
             recs: list[dict] = []
             for st in states:
-                render = lambda hist, st=st: render_search_prompt(  # noqa: E731
+                render = lambda hist, st=st: search_messages(  # noqa: E731
                     TEMPLATES[st.method], task=t, policy=policy, history=hist, iteration=it,
                     total_iterations=n_iter, settings=settings)
-                prompt, dropped, n_tok = trim_history(render, st.history, optimizer.count_tokens,
-                                                      search.prompt_token_budget)
+                chat, dropped, n_tok = trim_history(render, st.history, optimizer.count_tokens,
+                                                    search.prompt_token_budget)
                 st.dropped_history = dropped
-                convs.append([{"role": "user", "content": prompt}])
+                convs.append(chat)
                 recs.append({"iteration": it, "search": st.name, "prompt_tokens": n_tok, "history_dropped": dropped,
                              "exchanges": []})
             proposals: list[np.ndarray | None] = [None] * len(states)
@@ -240,7 +310,7 @@ def props_search(
             for attempt in range(search.max_reasks + 1):
                 if not pending:
                     break
-                sampling = sampling_for(llm_params, it, attempt)
+                sampling = sampling_for(llm_params, it, attempt, max_new_tokens)
                 try:
                     # One call per method: its seeds' prompts share the template, which a shared-prefix local
                     # backend computes once.
@@ -271,6 +341,8 @@ def props_search(
                         proposals[i] = parsed.params
                     else:
                         st.parse_failures += 1
+                        st.parse_errors[parsed.error] += 1
+                        st.example_copies += parsed.error == "example_copy"
                         convs[i] = convs[i] + [
                             {"role": "assistant", "content": reply},
                             {"role": "user", "content": render_correction(parsed.detail, n_params=n, low=space.low,
@@ -278,15 +350,20 @@ def props_search(
                         ]
                         still.append(i)
                 pending = still
+            origin = []
             for i, st in enumerate(states):
                 if proposals[i] is None:
                     st.fallbacks += 1
                     proposals[i] = random_point(st.rng, n, space)
                     recs[i]["fallback"] = [float(x) for x in proposals[i]]
-                elif any(np.array_equal(proposals[i], h) for h, _ in st.history):
-                    st.duplicates += 1
+                    origin.append("fallback")
+                else:
+                    st.llm_proposals += 1
+                    origin.append("llm")
+                    if any(np.array_equal(proposals[i], h) for h, _ in st.history):
+                        st.duplicates += 1
             seeds_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
-            returns = evaluator.returns(np.stack(proposals), seeds_mat)
+            returns = evaluator.returns(np.stack(proposals), seeds_mat, search_seeds=[st.seed for st in states])
             seconds = time.perf_counter() - t0
             for i, st in enumerate(states):
                 mean = float(returns[i].mean())
@@ -294,10 +371,11 @@ def props_search(
                 st.episodes += search.episodes_per_eval
                 if mean > st.best_return:
                     st.best_return, st.best_params = mean, proposals[i]
-                recs[i].update(params=[float(x) for x in proposals[i]], return_mean=mean,
+                recs[i].update(params=[float(x) for x in proposals[i]], proposal=origin[i], return_mean=mean,
                                returns=[float(x) for x in returns[i]])
                 st.records.append(recs[i])
                 yield {"task": t.key, "method": st.method, "seed": st.seed, "step": it, "episodes": st.episodes,
-                       "return_mean": mean, "best_return": st.best_return, **st.counters(), "seconds": seconds}
+                       "return_mean": mean, "proposal": origin[i], "best_return": st.best_return, **st.counters(),
+                       "seconds": seconds}
     finally:
         evaluator.close()

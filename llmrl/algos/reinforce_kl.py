@@ -57,11 +57,12 @@ from llmrl.agents.math_solver import build_messages, render_state
 from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
 from llmrl.config.llm_rl import ReinforceTrainParams
 from llmrl.envs.word_problems import MathEnv
-from llmrl.llm import LLM, SamplingConfig
+from llmrl.llm.generate import SamplingConfig
+from llmrl.llm.load import LLM
 from llmrl.llm.prefix import PrefixBatch, generate_shared_prefix, split_prefix, suffix_token_logprobs
 
 __all__ = ["optimizer_steps", "MathEpisode", "collect_episodes", "discounted_returns", "advantages", "EpisodeBatch",
-           "tokenize_episodes", "token_logprobs", "reinforce_kl_loss", "ReinforceKL"]
+           "tokenize_episodes", "token_logprobs", "reinforce_kl_loss", "ReinforceKL", "train"]
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -422,3 +423,18 @@ class ReinforceKL:
             if checkpoint is not None:
                 save_checkpoint(checkpoint, {"trainer": self.state_dict(), "done": done}, identity)
             yield out
+
+
+def train(llm: LLM, problems: Sequence[dict], cfg: ReinforceTrainParams, *, shots: Sequence[dict],
+          record: list[dict] | None = None, accelerator: Accelerator | None = None,
+          checkpoint: str | Path | None = None, identity: RunIdentity | None = None,
+          progress: bool = True) -> Iterator[dict]:
+    """REINFORCE-KL on ``problems`` (``shots``: the few-shot pairs of every prompt), the shape LLM_RL's variants
+    share (``llmrl.algos.llm_rl_grpo.train``): one stats row per iteration, ``llm.model`` updated in place. With
+    ``record`` every sampled episode is appended to it, with its iteration (LLM outputs are data). ``checkpoint``,
+    ``identity`` and ``accelerator``: ``ReinforceKL``."""
+    trainer = ReinforceKL(llm, cfg, problems, shots, accelerator=accelerator)
+    for stats, episodes in trainer.train(progress, checkpoint=checkpoint, identity=identity):
+        if record is not None:
+            record += [{"iteration": stats["iteration"], **ep.as_record()} for ep in episodes]
+        yield stats

@@ -19,6 +19,6 @@ def train_symbolic(make_env, cfg: PPOParams, *, seed: int, progress: bool = True
     torch.manual_seed(seed)
     agent = SymbolicActorCritic()
     envs = make_vector_env(lambda: SymbolicObs(make_env()), cfg.num_envs)
-    history = list(train(envs, agent, cfg, seed=seed, progress=progress))
+    history = list(train(agent, envs, cfg, seed=seed, progress=progress))
     envs.close()
     return agent, history

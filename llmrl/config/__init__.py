@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["ComputeDType", "DTYPE_HELP", "ParamsError", "Section", "read_params", "load_section", "BaseLLMParams",
+__all__ = ["ComputeDType", "DTYPE_HELP", "TierName", "TIER_HELP", "ParamsError", "Section", "read_params", "load_section", "BaseLLMParams",
            "DemosParams", "EvalBaselinesParams"]
 
 T = TypeVar("T", bound=BaseModel)
@@ -27,6 +27,12 @@ T = TypeVar("T", bound=BaseModel)
 ComputeDType = Literal["auto", "float32", "bfloat16"]
 DTYPE_HELP = ("LLM compute dtype: auto = bf16 where the device computes it natively (CUDA with bf16; a CPU with "
               "AVX-512-BF16/AMX when LLMRL_PIN_KERNELS=0), else fp32; recorded in the metrics")
+
+
+# The profile a method's section comes from (conf/<method>/<tier>.yaml; pipelines/tiers.py).
+TierName = Literal["default", "study", "paper"]
+TIER_HELP = ("the profile this section comes from: default (params.yaml), study or paper (conf/<method>/<tier>.yaml, "
+             "selected with `dvc exp run -S <method>=<tier>`)")
 
 
 class ParamsError(ValueError):

@@ -1,4 +1,4 @@
-"""Params of the GLAM stages (section ``glam`` of params.yaml); paper scale in configs/paper/glam.yaml."""
+"""Params of the GLAM stages (section ``glam`` of params.yaml); paper scale in conf/glam/paper.yaml."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import DTYPE_HELP, ComputeDType, Section
+from llmrl.config import DTYPE_HELP, TIER_HELP, ComputeDType, Section, TierName
 from llmrl.config.lora import LoraSettings
 from llmrl.config.ppo import PPOParams
 
@@ -99,6 +99,7 @@ class GlamGeneralisation(Section):
 
 
 class GlamParams(Section):
+    tier: TierName = Field("default", description=TIER_HELP)
     model: str = Field(description="base model spec (models/base_llm, embedded:..., tiny, a hub name)")
     threads: int = Field(2, gt=0, description="torch CPU threads")
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)

@@ -41,7 +41,12 @@ class KalmDataParams(Section):
     babyai_episodes_per_task: int = Field(8, gt=0, description="bot episodes per BabyAI training task")
     action_noise: float = Field(0.1, ge=0, description="std of Gaussian noise added to Meta-World scripted actions "
                                 "(clipped to [-1, 1])")
-    seed: int = Field(0, ge=0, description="first episode seed; episode i of a task uses seed + i")
+    seed: int = Field(0, ge=0, description="first training episode seed; episode i of a task uses seed + i (must "
+                      "lie in the train initial-state range, llmrl.envs.kalm_levels.START_SPLITS)")
+    validation_episodes_per_task: int = Field(2, ge=1, description="expert episodes per training task with the "
+                                              "validation phrasings, from validation initial states: the grounding's "
+                                              "held-out losses (never trained on)")
+    validation_seed: int = Field(10_000, ge=0, description="first validation episode seed (validation range)")
     agreement_test_episodes: int = Field(1, ge=0, description="expert episodes per test-level task run only to "
                                          "measure the observation rule against the env's success (never stored)")
     embed_model: str = Field("models/base_llm", description="model spec of the frozen instruction embedding "
@@ -101,14 +106,18 @@ class KalmOfflineParams(Section):
 
 
 class KalmEvalParams(Section):
-    babyai_episodes: int = Field(50, gt=0, description="BabyAI episodes per level and training seed")
-    metaworld_episodes: int = Field(10, gt=0, description="Meta-World episodes per level and training seed "
-                                    "(below 50: each costs up to metaworld_max_steps MuJoCo steps)")
-    seed: int = Field(10_000, ge=0, description="first evaluation episode seed (data seeds start at kalm.data.seed)")
+    babyai_episodes: int = Field(1, gt=0, description="BabyAI episodes per level and training seed, at least: every "
+                                 "goal gets ceil(this / goals) episodes (rephrase 52, easy 20, hard 24 goals)")
+    metaworld_episodes: int = Field(1, gt=0, description="Meta-World episodes per level and training seed, at "
+                                    "least: every goal gets ceil(this / goals) episodes (rephrase 20, easy 16, "
+                                    "hard 8 goals; each costs up to metaworld_max_steps MuJoCo steps)")
+    seed: int = Field(20_000, ge=0, description="first evaluation episode seed (must lie in the test initial-state "
+                      "range, llmrl.envs.kalm_levels.START_SPLITS)")
     levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
                                     description="test levels evaluated")
     random_seeds: int = Field(3, gt=0, description="seeds of the random-policy row")
-    grounded_episodes: int = Field(10, ge=0, description="episodes per level of the LLM-as-policy row (0: skip)")
+    grounded_episodes: int = Field(1, ge=0, description="episodes per level for the LLM-as-policy row, at least "
+                                   "(every goal equally; never more than the other rows'; 0: skip the row)")
     confidence: float = Field(0.95, gt=0, lt=1, description="interval level over seeds")
     threads: int = Field(1, gt=0, description="torch threads for policy inference (per worker)")
     workers: int = Field(2, gt=0, description="processes evaluating benchmarks in parallel")
@@ -128,14 +137,20 @@ class KalmGroundParams(Section):
     dynamics_samples: int = Field(600, ge=0, description="(s, a) -> s' samples per benchmark")
     goal_samples: int = Field(300, ge=0, description="(s0, instruction) -> final state samples per benchmark")
     reverse_samples: int = Field(300, ge=0, description="trajectory -> instruction samples per benchmark")
-    window: int = Field(8, gt=0, description="steps per trajectory sample (a window of the episode, starting at "
-                        "its first step with probability start_prob, else at a random step): keeps sequences short")
+    window: int = Field(40, gt=0, description="steps per trajectory sample (a window of the episode, starting at "
+                        "its first step with probability start_prob, else at a random step); imagination runs at "
+                        "most this many steps (kalm.imagine horizons), the length the model was trained on")
     start_prob: float = Field(0.5, ge=0, le=1, description="share of trajectory windows that start at s0")
     reverse_states: int = Field(6, gt=1, description="states kept (evenly spaced, first and last included) in a "
                                 "trajectory -> instruction sample")
-    validation_episodes: float = Field(0.1, ge=0, lt=1, description="share of real episodes held out for the "
-                                       "before/after losses (never trained on)")
-    steps: int = Field(150, gt=0, description="optimizer updates per benchmark")
+    obs_std_floor: float = Field(0.05, gt=0, description="continuous observation dims are divided by "
+                                 "sqrt(std^2 + floor^2) of the training states: a dim constant in training stays "
+                                 "bounded when it varies later (llmrl.llm.grounded.observation_scale)")
+    epochs: float = Field(2.0, gt=0, description="passes over the patterns' samples (updates = epochs x samples / "
+                          "batch_size, rounded up)")
+    eval_every: int = Field(0, ge=0, description="measure the held-out loss (validation episodes) every this many "
+                            "updates and after the last, and keep the weights where it was lowest; 0: keep the "
+                            "last weights")
     batch_size: int = Field(16, gt=0, description="sequences per update")
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate (LoRA, projections and heads)")
     warmup: int = Field(10, ge=0, description="linear warm-up updates, then linear decay to 0")
@@ -155,14 +170,28 @@ class KalmGroundParams(Section):
 class KalmImagineParams(Section):
     """Imaginary rollouts of the grounded model for each level's goals (``llmrl.algos.kalm_imagine``)."""
 
-    rollouts: int = Field(100, gt=0, description="imagined rollouts per benchmark and level (goals taken in turn)")
+    levels: list[Literal["train", "rephrase", "easy", "hard"]] = Field(
+        default_factory=lambda: ["train", "rephrase", "easy", "hard"], min_length=1,
+        description="levels imagined (the kalm_imagine matrix); train = one phrasing per training task, a control "
+                    "that says whether the model imagines at all (never fed to offline RL)")
+    rollouts: int = Field(1, gt=0, description="imagined rollouts per level, at least: every goal gets ceil(this / "
+                          "goals) (BabyAI rephrase 52, easy 20, hard 24 goals, Meta-World 20, 16, 8)")
     metaworld_horizon: int = Field(40, gt=0, description="imagined steps at most per Meta-World rollout")
     babyai_horizon: int = Field(24, gt=0, description="imagined steps at most per BabyAI rollout")
     greedy: bool = Field(True, description="greedy actions (argmax / raw); False samples (softmax at temperature, "
                          "Gaussian noise of std temperature)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature / action noise std (greedy=False)")
     batch_size: int = Field(50, gt=0, description="rollouts generated together (one KV cache per batch)")
-    seed: int = Field(20_000, ge=0, description="seed of rollout i's real initial state = seed + i (disjoint from "
-                      "data seeds 0.. and evaluation seeds 10000..)")
+    seed: int = Field(30_000, ge=0, description="seed of rollout i's real initial state = seed + i (must lie in "
+                      "the imagine initial-state range, llmrl.envs.kalm_levels.START_SPLITS)")
+    labels: Literal["consistent", "rule"] = Field("consistent", description="which imagined rollouts feed offline "
+                                                  "RL: consistent = only those whose own task the grounded model "
+                                                  "names first when asked for the instruction of the imagined "
+                                                  "trajectory (its trajectory -> instruction pattern, among the "
+                                                  "level's instructions and one per training task); rule = all. "
+                                                  "Rewards come from the observation rule on imagined states")
+    consistency_candidates: int = Field(8, ge=0, description="instructions a rollout's own competes with in the "
+                                        "consistency check, drawn (seeded) from the other tasks' candidates; 0 = "
+                                        "all of them (one per task: the level's and every training task)")
     threads: int = Field(1, gt=0, description="torch threads")
     examples: int = Field(5, ge=0, description="rollouts per level dumped as text (prompt, actions, states)")

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import DTYPE_HELP, ComputeDType, Section
+from llmrl.config import DTYPE_HELP, TIER_HELP, ComputeDType, Section, TierName
+from llmrl.config.llm_faults import LLMFaultParams
 from llmrl.config.ppo import DistillParams, PPOParams
 
 __all__ = ["EnvKey", "TeacherKind", "LLM4TeachTeacherParams", "LLM4TeachStudentParams", "LLM4TeachTrainParams",
@@ -25,17 +26,14 @@ class LLM4TeachTeacherParams(Section):
     openai_model: str = Field("", description="model name for the openai backend")
     openai_base_url: str = Field("", description="base URL for the openai backend")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
-    timeout_s: float = Field(30.0, gt=0, description="openai: seconds one request may take")
-    max_retries: int = Field(2, ge=0, description="openai: retries of a failed request (429, 5xx, timeouts)")
     openai_api: Literal["completions", "chat"] = Field(
         "completions", description="openai: 'completions' sends the prompt rendered here with spec's chat "
         "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
         "llmrl.llm.serve); 'chat' lets the server render it (hosted chat APIs; not every server continues an "
         "answer prefix)")
-    deadline_s: float | None = Field(1800.0, gt=0, description="llm4teach_plans: seconds the whole planning pass may "
-                                     "take (any backend); null: no deadline")
-    max_error_rate: float = Field(0.1, ge=0, le=1, description="llm4teach_plans fails (writing nothing) once LLM "
-                                  "faults exceed this share of its replies: an outage is never cached as the teacher")
+    faults: LLMFaultParams = Field(LLMFaultParams(), description="llm4teach_plans' fault policy (request timeout, "
+                                   "retries, deadline of the planning pass, share of failed replies past which the "
+                                   "stage fails writing nothing): an outage is never cached as the teacher")
     n_ask: int = Field(10, ge=1, description="replies sampled per observation text (original: 10)")
     max_new_tokens: int = Field(24, gt=0, description="reply length budget in tokens")
     temperature: float = Field(0.9, ge=0, description="sampling temperature (0 = greedy)")
@@ -101,6 +99,7 @@ class LLM4TeachEvalParams(Section):
 
 
 class LLM4TeachParams(Section):
+    tier: TierName = Field("default", description=TIER_HELP)
     workers: int = Field(2, ge=1, description="seeds trained side by side, each alone in a single-threaded "
                                               "process (results do not depend on it)")
     teacher: LLM4TeachTeacherParams = Field(LLM4TeachTeacherParams(), description="the LLM teacher (stage "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
 from llmrl.config import DTYPE_HELP, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
@@ -40,7 +40,9 @@ class MathDataParams(Section):
 
 class CommonTrainParams(Section):
     model: str = Field("models/base_llm", description="base model spec (folder, hub name, embedded:..., tiny)")
-    seed: int = Field(0, ge=0, description="one seed for Python, NumPy, torch and LLM sampling")
+    seed: int = Field(0, ge=0, description="the seed of one training run, for Python, NumPy, torch and LLM "
+                                           "sampling: llm_rl_train sets it from its item of llm_rl.train.seeds "
+                                           "(ReinforceTrainParams.for_seed); params.yaml leaves it out")
     few_shot: int = Field(4, ge=0, description="solved train problems shown before each problem (the first k)")
     lora: LoraSettings | None = Field(LoraSettings(r=16, alpha=32, dropout=0.0),
                                       description="LoRA adapter (both variants); null: full fine-tune")
@@ -94,9 +96,30 @@ class ReinforceTrainParams(Section):
     """The settings of both LLM_RL variants: REINFORCE-KL takes this model as it is; GRPO's TRL settings are
     derived from ``common`` and ``grpo`` by ``llmrl.algos.llm_rl_grpo.trainer_params``."""
 
+    seeds: list[NonNegativeInt] = Field(
+        [0], min_length=1, description="training seeds: one llm_rl_train item per variant and seed, each a "
+                                       "model of its own; llm_rl_eval reports a variant over its seeds")
     common: CommonTrainParams = Field(default_factory=CommonTrainParams, description="budget shared by both variants")
     reinforce_kl: ReinforceKLParams = Field(default_factory=ReinforceKLParams, description="REINFORCE-KL only")
     grpo: GRPOParams = Field(default_factory=GRPOParams, description="GRPO (TRL) only")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        return seeds
+
+    def for_seed(self, seed: int) -> ReinforceTrainParams:
+        """The settings of the training run with ``seed``, one of ``seeds``: ``common.seed`` set to it, the one
+        seed the trainers read (every RNG and the sampling). ``seeds`` is the only place a training seed is
+        set, so a ``common.seed`` given here as well is an error rather than silently overridden."""
+        if "seed" in self.common.model_fields_set:
+            raise ValueError("llm_rl.train.common.seed: the training seeds are llm_rl.train.seeds (one "
+                             "llm_rl_train item each); remove common.seed")
+        if seed not in self.seeds:
+            raise ValueError(f"llm_rl.train.seeds: {seed} is not one of {self.seeds}")
+        return self.model_copy(update={"common": self.common.model_copy(update={"seed": seed})})
 
     @model_validator(mode="after")
     def _batches_fit(self):
@@ -123,7 +146,16 @@ class MathEvalParams(Section):
     temperature: float = Field(0.6, gt=0, description="sampled mode temperature (the original's evaluation)")
     top_p: float = Field(0.9, gt=0, le=1, description="sampled mode nucleus")
     seed: int = Field(1234, ge=0, description="sampling seed")
-    models: list[str] = Field(["base", "reinforce_kl", "grpo"], min_length=1,
-                              description="base, or a llm_rl_train variant")
+    models: list[Literal["base", "reinforce_kl", "grpo"]] = Field(
+        ["base", "reinforce_kl", "grpo"], min_length=1,
+        description="base, or a llm_rl_train variant (scored as every one of its llm_rl.train.seeds models); each "
+                    "variant is compared with base where base is listed")
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
+
+    @field_validator("models")
+    @classmethod
+    def _distinct_models(cls, models: list[str]) -> list[str]:
+        if len(set(models)) != len(models):
+            raise ValueError(f"models must be distinct, got {models}")
+        return models

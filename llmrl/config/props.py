@@ -5,6 +5,10 @@ take these models directly. ``props.space`` is the one parameter range every Pro
 prompt and parser, the random fallback, the baselines, the GRPO data); the original sampled its GRPO data from
 [-10, 10] while its prompt allowed [-6, 6].
 
+``PropsParams`` is the whole ``props:`` section (every profile: params.yaml, conf/props/*.yaml), with the
+cross-section checks: equal episode budgets for every method of one table (CEM's generations fill the search's
+budget exactly), and the quadratic check's budget likewise.
+
 The GRPO fine-tuning section (``props.grpo``) is appended at the end of this file.
 """
 
@@ -14,12 +18,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config import DTYPE_HELP, ComputeDType, Section
+from llmrl.config import DTYPE_HELP, TIER_HELP, ComputeDType, Section, TierName
 from llmrl.config.grpo import GRPOTrainParams
+from llmrl.config.llm_faults import LLMFaultParams
 
 __all__ = ["PropsMethod", "BaselineMethod", "PropsSpaceParams", "PropsLLMParams", "PropsSearchParams",
            "PPOBaselineParams", "CEMParams", "PropsBaselinesParams", "PropsTransferParams", "PropsEvalParams",
-           "PropsGRPOParams"]
+           "PropsQuadraticParams", "PropsGRPOParams", "PropsParams"]
 
 PropsMethod = Literal["props", "props_plus"]
 BaselineMethod = Literal["random_search", "cem", "ppo"]
@@ -50,8 +55,10 @@ class PropsLLMParams(Section):
     base_url: str | None = Field(None, description="backend openai: e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key (never "
                                                            "the key itself)")
-    timeout_s: float = Field(120.0, gt=0, description="backend openai: seconds per request")
-    max_retries: int = Field(2, ge=0, description="backend openai: the openai client's retries on 429/5xx/timeouts")
+    faults: LLMFaultParams = Field(LLMFaultParams(timeout_s=120.0, deadline_s=3600.0), description="the fault "
+                                   "policy of every stage asking this LLM (props_search, props_transfer): request "
+                                   "timeout, retries, deadline, share of failed requests past which the stage fails "
+                                   "writing nothing")
     api: Literal["completions", "chat"] = Field(
         "completions", description="openai: 'completions' sends the prompt rendered here with spec's chat "
         "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
@@ -60,7 +67,10 @@ class PropsLLMParams(Section):
     dtype: ComputeDType = Field("auto", description="local backend: " + DTYPE_HELP)
     batch_size: int = Field(16, gt=0, description="local backend: prompts per generate() batch")
     offline: bool = Field(False, description="serve replies only from the reply cache; a miss is an error")
-    max_new_tokens: int = Field(96, gt=0, description="reply length cap in tokens (the answer is one line)")
+    max_new_tokens: int | None = Field(None, gt=0, description="reply length cap in tokens; None: the longest "
+                                                                "answer line of the task's parameter count in the "
+                                                                "model's tokens (props_prompts.reply_token_cap); a "
+                                                                "value below that is an error (room to reason above)")
     stop_at_newline: bool = Field(True, description="stop each reply at its first line break (the answer is "
                                                     "line 1; saves generation time; off for reasoning models)")
     answer_prefix: str = Field("", description="start of the assistant turn written for the model (e.g. "
@@ -87,13 +97,14 @@ class PropsSearchParams(Section):
                                                                    "batched LLM call per iteration)")
     iterations: int = Field(30, gt=0, description="search iterations (one proposal evaluated per iteration)")
     episodes_per_eval: int = Field(20, gt=0, description="episodes behind each f(params) (the original: 20)")
-    max_episode_steps: dict[str, int] = Field(default_factory=dict, description="per-task episode cap below the "
+    max_episode_steps: dict[str, int] = Field(default_factory=dict, description="per-task horizon below the "
                                                                                 "task's own limit (missing: own "
-                                                                                "limit)")
-    optimum_hint: bool = Field(True, description="tell the LLM the approximate optimum (privileged information "
-                                                 "no RL baseline has; ablate with false)")
-    optimum: dict[str, float] = Field(default_factory=dict, description="per-task hinted optimum overriding the "
-                                                                        "original's value (e.g. under an episode cap)")
+                                                                                "limit); every figure the prompts "
+                                                                                "state follows it (ControlTask."
+                                                                                "at_horizon; MountainCarContinuous "
+                                                                                "and FrozenLake: own limit only)")
+    optimum_hint: bool = Field(True, description="tell the LLM the best return possible at the task's horizon "
+                                                 "(privileged information no RL baseline has; ablate with false)")
     step_size: dict[str, float] = Field(default_factory=dict, description="per-task suggested step overriding "
                                                                           "the original's value")
     max_reasks: int = Field(3, ge=0, description="correction re-asks after an unusable reply (the original: 3)")
@@ -140,6 +151,30 @@ class PropsTransferParams(Section):
                                                      "model only and say so in the metrics)")
 
 
+class PropsQuadraticParams(Section):
+    """The direct check of in-context optimisation (``props_quadratic``): f(params) = 100 - 10 ||params - c||^2
+    with an unknown centre c per seed, no environment; ProPS against random search (and CEM) at equal evaluations.
+    The search's other settings (re-asks, prompt budget, hint) come from ``props.search``."""
+
+    n_params: int = Field(2, ge=1, le=10, description="dimension of the quadratic (the issue: 2-3)")
+    iterations: int = Field(15, gt=0, description="proposals per search (one evaluation each; the issue: 15-20)")
+    seeds: list[int] = Field([0, 1, 2, 3], min_length=2, description="searches per method, each with its own "
+                                                                     "centre c (drawn from the seed)")
+    baselines: list[Literal["random_search", "cem"]] = Field(["random_search"], min_length=1,
+                                                             description="gradient-free baselines at the same "
+                                                                         "number of evaluations")
+    cem: CEMParams = Field(default_factory=lambda: CEMParams(population=5, episodes_per_candidate=1, init_std=3.0),
+                           description="CEM on the quadratic (one evaluation per candidate)")
+
+    @model_validator(mode="after")
+    def _cem_budget(self) -> PropsQuadraticParams:
+        if "cem" in self.baselines and self.iterations % (self.cem.population * self.cem.episodes_per_candidate):
+            raise ValueError(f"cem: population x episodes_per_candidate ({self.cem.population} x "
+                             f"{self.cem.episodes_per_candidate}) must divide iterations ({self.iterations}): every "
+                             "method spends the same evaluations")
+        return self
+
+
 class PropsEvalParams(Section):
     statistic: Literal["mean", "iqm"] = Field("mean", description="statistic over seeds")
     confidence: float = Field(0.95, gt=0, lt=1, description="bootstrap interval level")
@@ -163,8 +198,6 @@ class PropsGRPOParams(Section):
                                                "in the prompt and the improvement reward's R_old (original: 20)")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of vectors held out (never trained on)")
     seed: int = Field(0, ge=0, description="seed of the vectors, the split, the scoring and rollout seeds")
-    max_episode_steps: int | None = Field(None, gt=0, description="episode cap for scoring and reward rollouts "
-                                                                  "(None: the task's own limit)")
     optimum_hint: bool = Field(True, description="show the task's optimum hint in the prompt (the original did)")
     step_size: float | None = Field(None, gt=0, description="exploration step the prompt suggests (None: the task's, "
                                                             "as the search; the original's GRPO prompt: 1.0)")
@@ -174,12 +207,40 @@ class PropsGRPOParams(Section):
                                                "props.llm.answer_prefix opens the search's ('': the model writes "
                                                "the whole reply, the original's <think> format); the rewards read "
                                                "it with the completion")
-    return_floor: float = Field(-200.0, description="return mapped to policy reward 0 (original: -200 on "
-                                                    "MountainCarContinuous)")
-    return_span: float = Field(300.0, gt=0, description="returns >= return_floor + return_span map to 1; also "
-                                                        "the improvement reward's scale (original: 300)")
+    return_floor: float = Field(-200.0, description="return mapped to 0 by the normalisation both return rewards "
+                                                    "use (original: -200 on MountainCarContinuous)")
+    return_span: float = Field(300.0, gt=0, description="returns >= return_floor + return_span normalise to 1 "
+                                                        "(original: 300)")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
     trainer: GRPOTrainParams = Field(default_factory=GRPOTrainParams, description="TRL GRPO and LoRA settings")
+
+
+class PropsParams(Section):
+    """The whole ``props:`` section of a profile (params.yaml, conf/props/<profile>.yaml)."""
+
+    tier: TierName = Field("default", description=TIER_HELP)
+    space: PropsSpaceParams = Field(default_factory=PropsSpaceParams, description="the one parameter range")
+    llm: PropsLLMParams = Field(default_factory=PropsLLMParams, description="the optimizer LLM")
+    search: PropsSearchParams = Field(description="ProPS / ProPS+ searches")
+    baselines: PropsBaselinesParams = Field(default_factory=PropsBaselinesParams, description="random search, CEM, "
+                                                                                             "PPO")
+    transfer: PropsTransferParams = Field(default_factory=PropsTransferParams, description="base vs GRPO-tuned "
+                                                                                          "optimizer")
+    eval: PropsEvalParams = Field(default_factory=PropsEvalParams, description="statistics of the tables")
+    quadratic: PropsQuadraticParams = Field(default_factory=PropsQuadraticParams,
+                                            description="the environment-free check of in-context optimisation")
+    grpo: PropsGRPOParams = Field(default_factory=PropsGRPOParams, description="GRPO fine-tuning of the optimizer")
+
+    @model_validator(mode="after")
+    def _equal_budgets(self) -> PropsParams:
+        budget = self.search.iterations * self.search.episodes_per_eval
+        cem = self.baselines.cem
+        per_gen = cem.population * cem.episodes_per_candidate
+        if "cem" in self.baselines.methods and budget % per_gen:
+            raise ValueError(f"baselines.cem: population x episodes_per_candidate ({per_gen}) must divide the "
+                             f"search budget iterations x episodes_per_eval ({budget}): every method of a table "
+                             "spends the same episodes")
+        return self

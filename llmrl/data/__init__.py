@@ -1,17 +1,7 @@
-"""Trajectory data: one HDF5 layout for every environment, with d3rlpy and pandas conversions."""
+"""Trajectory data: one HDF5 layout for every environment, with d3rlpy and pandas conversions (``trajectories``), and
+the frozen instruction embeddings (``embeddings``).
 
-from llmrl.data.trajectories import (
-    SCHEMA_VERSION,
-    Episode,
-    TrajectoryFormatError,
-    TrajectoryReader,
-    TrajectoryWriter,
-    read_episodes,
-    to_d3rlpy,
-    to_pandas,
-)
+Import from the module that defines a name: importing this package loads neither.
+"""
 
-__all__ = [
-    "SCHEMA_VERSION", "Episode", "TrajectoryFormatError", "TrajectoryReader", "TrajectoryWriter",
-    "read_episodes", "to_d3rlpy", "to_pandas",
-]
+__all__: list[str] = []

@@ -63,6 +63,24 @@ class EmbeddingTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> EmbeddingTable:
+        """The table saved at ``path``. The ``.npz`` is a zip archive: every member's CRC-32 is checked before
+        numpy parses it, so a damaged file is a ``DamagedFileError`` naming it, never other vectors."""
+        import zipfile
+
+        from llmrl.files import DamagedFileError
+
         path = Path(path)
-        with np.load(path, allow_pickle=False) as z:
-            return cls([str(t) for t in z["instructions"]], z["embeddings"])
+        if not path.is_file():
+            raise FileNotFoundError(f"embedding table {path} not found")
+        try:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+            if bad is not None:
+                raise DamagedFileError(f"{path}: member {bad!r} fails its CRC-32: the file is damaged")
+            with np.load(path, allow_pickle=False) as z:
+                return cls([str(t) for t in z["instructions"]], z["embeddings"])
+        except DamagedFileError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a damaged archive fails in zipfile or numpy in many ways; named
+            raise DamagedFileError(f"{path}: not a readable embedding table ({type(err).__name__}: {err}); the file "
+                                   "is damaged") from err

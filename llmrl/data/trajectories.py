@@ -1,22 +1,34 @@
-"""One HDF5 layout for episodes of any environment.
+"""One HDF5 layout for episodes of any environment, checksummed so that damage is detected, never read as data.
 
 File layout (``SCHEMA_VERSION`` in the root attributes)::
 
+    user block (512 bytes)  "llmrl-trajectories sha256 <hex digest of every byte after the user block>"
     /                     attrs: schema_version, format="llmrl-trajectories", n_episodes
     /episodes/000000      attrs: env_id, seed, policy, mission, length, info (JSON)
-        observations/<key>  [T, ...] numeric, or [T] UTF-8 strings (text observations)
+        observations/<key>  [T, ...] numeric, or [T] UTF-8 text (fixed-length byte strings)
         actions             [T] int64 (discrete) or [T, d] float32 (continuous)   (optional)
-        action_text         [T] UTF-8 strings                                       (optional)
+        action_text         [T] UTF-8 text                                          (optional)
         rewards             [T] float32
         terminated          [T] bool   (true only at a terminal last step)
         truncated           [T] bool   (true only at a time-limit last step)
 
 Observation t is the one the action t was taken in. Writers go through a temporary file renamed on close,
 so a reader never sees a half-written file.
+
+Damage: every non-empty dataset is chunked with HDF5's Fletcher-32 filter, which HDF5 checks on every read of
+a chunk (a damaged block fails naming its field, in any HDF5 tool). What the filter does not cover (attributes,
+names, shapes, HDF5's own metadata) is covered by the sha256 of the whole file after its user block (a block
+HDF5 reserves for the application and skips), written when the file is closed and checked before HDF5 parses
+anything: damaged HDF5 metadata can crash the HDF5 library or send it into an endless loop (measured with
+random byte damage), so it must never see a damaged file. Every error of h5py or HDF5 on the way surfaces as
+``TrajectoryFormatError`` naming the file and the field: a damaged file either reads as written or fails; it
+never reads as other data.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -28,16 +40,21 @@ from typing import Any
 import h5py
 import numpy as np
 
-__all__ = ["SCHEMA_VERSION", "TrajectoryFormatError", "Episode", "TrajectoryWriter", "TrajectoryReader",
-           "read_episodes", "to_pandas", "to_d3rlpy"]
+__all__ = ["SCHEMA_VERSION", "FORMAT_NAME", "USER_BLOCK", "TrajectoryFormatError", "Episode", "TrajectoryWriter",
+           "TrajectoryReader", "read_episodes", "to_pandas", "to_d3rlpy"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Fletcher-32 on every dataset, text as fixed-length UTF-8 bytes, the file's sha256
 FORMAT_NAME = "llmrl-trajectories"
-_STR = h5py.string_dtype(encoding="utf-8")
+USER_BLOCK = 512  # bytes before HDF5's superblock: the file's digest
+DIGEST_MAGIC = b"llmrl-trajectories sha256 "
+META_ATTRS = ("env_id", "seed", "policy", "mission", "length", "info")
+# gzip inflates at most ~1032:1, so a dataset larger than this multiple of its file is a damaged shape
+MAX_INFLATION = 1100
 
 
 class TrajectoryFormatError(ValueError):
-    """A trajectory file that is corrupt, of another schema version, or missing a field."""
+    """A trajectory file that is damaged, of another schema version, or missing a field; the message names the
+    file and the field."""
 
 
 @dataclass
@@ -91,6 +108,64 @@ def _as_obs_array(v: Any) -> np.ndarray:
     return arr
 
 
+def _text_bytes(values: Sequence[str], field: str) -> np.ndarray:
+    """Text as fixed-length UTF-8 byte strings: a dtype the Fletcher-32 filter takes (variable-length strings
+    live in HDF5's global heap, out of any filter's reach)."""
+    encoded = [str(v).encode("utf-8") for v in values]
+    if any(e.endswith(b"\0") for e in encoded):
+        raise ValueError(f"Episode.{field}: text ending in a NUL character cannot be stored")
+    return np.array(encoded, dtype=f"S{max([1, *map(len, encoded)])}")
+
+
+def _episode_fields(ep: Episode) -> dict[str, np.ndarray | list[str]]:
+    """The stored fields by path, text as lists of str: what the writer stores and the reader returns."""
+    fields: dict[str, np.ndarray | list[str]] = {}
+    for key, arr in ep.observations.items():
+        fields[f"observations/{key}"] = [str(x) for x in arr] if arr.dtype == object else arr
+    if ep.actions is not None:
+        fields["actions"] = ep.actions
+    if ep.action_text is not None:
+        fields["action_text"] = [str(x) for x in ep.action_text]
+    fields.update(rewards=ep.rewards, terminated=ep.terminated, truncated=ep.truncated)
+    return fields
+
+
+def _file_digest(fh) -> str:
+    """sha256 of an open file's bytes after the user block."""
+    fh.seek(USER_BLOCK)
+    h = hashlib.sha256()
+    while chunk := fh.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _seal(path: Path) -> None:
+    """Write the digest of the closed HDF5 file ``path`` into its user block."""
+    with open(path, "r+b") as fh:
+        header = DIGEST_MAGIC + _file_digest(fh).encode() + b"\n"
+        fh.seek(0)
+        fh.write(header.ljust(USER_BLOCK, b"\0"))
+
+
+def _check_seal(path: Path) -> None:
+    """The file's bytes are those its writer sealed, or ``TrajectoryFormatError`` naming the file."""
+    with open(path, "rb") as fh:
+        head = fh.read(USER_BLOCK)
+        if not head.startswith(DIGEST_MAGIC):
+            raise TrajectoryFormatError(f"{path}: field 'sha256' (the user block's digest) is missing: not a "
+                                        f"trajectory file of schema {SCHEMA_VERSION} (re-run the stage that wrote "
+                                        "it), or damaged")
+        stored = head[len(DIGEST_MAGIC):len(DIGEST_MAGIC) + 64].decode("ascii", "replace")
+        if _file_digest(fh) != stored:
+            raise TrajectoryFormatError(f"{path}: field 'sha256' does not match the file's content: the file is "
+                                        "damaged")
+
+
+def _meta(ep: Episode) -> dict[str, Any]:
+    return {"env_id": str(ep.env_id), "seed": int(ep.seed), "policy": str(ep.policy), "mission": str(ep.mission),
+            "length": len(ep), "info": json.dumps(ep.info, sort_keys=True, default=str)}
+
+
 class TrajectoryWriter:
     """Append episodes to ``path`` atomically.
 
@@ -107,7 +182,7 @@ class TrajectoryWriter:
             shutil.copyfile(self.path, self.tmp)
             self.file = h5py.File(self.tmp, "a")
         else:
-            self.file = h5py.File(self.tmp, "w")
+            self.file = h5py.File(self.tmp, "w", userblock_size=USER_BLOCK)
             self.file.attrs["schema_version"] = SCHEMA_VERSION
             self.file.attrs["format"] = FORMAT_NAME
             self.file.create_group("episodes")
@@ -115,22 +190,13 @@ class TrajectoryWriter:
         self.file.attrs["n_episodes"] = self.n
 
     def append(self, ep: Episode) -> None:
+        fields = _episode_fields(ep)
         g = self.file["episodes"].create_group(f"{self.n:06d}")
-        g.attrs.update(env_id=ep.env_id, seed=ep.seed, policy=ep.policy, mission=ep.mission, length=len(ep),
-                       info=json.dumps(ep.info, sort_keys=True, default=str))
-        obs = g.create_group("observations")
-        for key, arr in ep.observations.items():
-            if arr.dtype == object:
-                obs.create_dataset(key, data=arr.astype(str).tolist(), dtype=_STR)
-            else:
-                obs.create_dataset(key, data=arr, compression="gzip" if arr.size > 4096 else None)
-        if ep.actions is not None:
-            g.create_dataset("actions", data=ep.actions)
-        if ep.action_text is not None:
-            g.create_dataset("action_text", data=list(ep.action_text), dtype=_STR)
-        g.create_dataset("rewards", data=ep.rewards)
-        g.create_dataset("terminated", data=ep.terminated)
-        g.create_dataset("truncated", data=ep.truncated)
+        g.attrs.update(_meta(ep))
+        for name, value in fields.items():
+            data = _text_bytes(value, name) if isinstance(value, list) else value
+            filters = {"fletcher32": True, "compression": "gzip" if data.size > 4096 else None} if data.size else {}
+            g.create_dataset(name, data=data, **filters)
         self.n += 1
         self.file.attrs["n_episodes"] = self.n
 
@@ -140,6 +206,7 @@ class TrajectoryWriter:
 
     def close(self) -> None:
         self.file.close()
+        _seal(self.tmp)
         os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
@@ -157,69 +224,109 @@ class TrajectoryWriter:
 
 
 class TrajectoryReader:
-    """Lazy access to a trajectory file: episodes are read from disk one at a time."""
+    """Lazy access to a trajectory file: the file's digest is checked on opening, then episodes are read from disk
+    one at a time (HDF5 checks each dataset's Fletcher-32 on reading it)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"trajectory file {self.path} not found")
+        _check_seal(self.path)
+        self.file = None
         try:
-            self.file = h5py.File(self.path, "r")
-        except FileNotFoundError:
+            with self._reading(str(self.path), "the file's HDF5 structure"):
+                self.file = h5py.File(self.path, "r")
+            self._limit = MAX_INFLATION * self.path.stat().st_size + (1 << 20)
+            with self._reading(str(self.path), "format"):
+                attrs = self.file.attrs
+                fmt = attrs.get("format")
+            if fmt != FORMAT_NAME:
+                raise TrajectoryFormatError(f"{self.path}: attribute 'format' is {fmt!r}, expected {FORMAT_NAME!r}")
+            with self._reading(str(self.path), "schema_version"):
+                version = attrs.get("schema_version")
+                version = version.item() if isinstance(version, np.generic) else version
+            if version != SCHEMA_VERSION:
+                raise TrajectoryFormatError(f"{self.path}: field 'schema_version' is {version!r}; this llmrl reads "
+                                            f"version {SCHEMA_VERSION} (re-run the stage that wrote the file)")
+            with self._reading(str(self.path), "episodes"):
+                if "episodes" not in self.file:
+                    raise TrajectoryFormatError(f"{self.path}: missing group 'episodes'")
+                names = sorted(self.file["episodes"].keys())
+                n = attrs.get("n_episodes")
+                n = n.item() if isinstance(n, np.generic) else n
+            if names != [f"{i:06d}" for i in range(len(names))] or n != len(names):
+                raise TrajectoryFormatError(f"{self.path}: group 'episodes' holds {len(names)} episodes named "
+                                            f"{names[:3]}...; attribute 'n_episodes' says {n!r}")
+        except BaseException:
+            if self.file is not None:
+                self.file.close()
             raise
-        except OSError as err:
-            raise TrajectoryFormatError(f"{self.path}: not a readable HDF5 trajectory file ({err})") from err
-        attrs = self.file.attrs
-        if attrs.get("format") != FORMAT_NAME:
-            self.file.close()
-            raise TrajectoryFormatError(f"{self.path}: attribute 'format' is {attrs.get('format')!r}, "
-                                        f"expected {FORMAT_NAME!r}")
-        version = attrs.get("schema_version")
-        version = version.item() if isinstance(version, np.generic) else version
-        if version != SCHEMA_VERSION:
-            self.file.close()
-            raise TrajectoryFormatError(f"{self.path}: field 'schema_version' is {version!r}; "
-                                        f"this llmrl reads version {SCHEMA_VERSION}")
-        if "episodes" not in self.file:
-            self.file.close()
-            raise TrajectoryFormatError(f"{self.path}: missing group 'episodes'")
-        self._names = sorted(self.file["episodes"].keys())
+        self._names = names
+
+    @contextlib.contextmanager
+    def _reading(self, where: str, field: str) -> Iterator[None]:
+        """h5py and HDF5 errors (and numpy's on a damaged shape or dtype) as ``TrajectoryFormatError``."""
+        try:
+            yield
+        except TrajectoryFormatError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to read a damaged file is named, never bare
+            raise TrajectoryFormatError(f"{where}: field {field!r} is unreadable ({type(err).__name__}: "
+                                        f"{err})") from err
 
     def __len__(self) -> int:
         return len(self._names)
 
+    def _dataset(self, where: str, field: str, ds, length: int) -> np.ndarray | list[str]:
+        with self._reading(where, field):
+            shape, dtype = ds.shape, ds.dtype
+            if not shape or shape[0] != length:
+                raise TrajectoryFormatError(f"{where}: field {field!r} has shape {shape}, the episode's length is "
+                                            f"{length}")
+            if int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > self._limit:
+                raise TrajectoryFormatError(f"{where}: field {field!r} claims shape {shape} of {dtype}, more than "
+                                            "the file could hold")
+            data = ds[()]
+            if dtype.kind == "S":
+                return [bytes(x).decode("utf-8") for x in data]
+            if dtype.kind not in "biuf":
+                raise TrajectoryFormatError(f"{where}: field {field!r} has dtype {dtype}, not numeric or text")
+            return data
+
     def __getitem__(self, i: int) -> Episode:
         name = self._names[i]
-        g = self.file["episodes"][name]
         where = f"{self.path}: episodes/{name}"
+        with self._reading(where, "episodes/" + name):
+            g = self.file["episodes"][name]
+            attrs = {k: g.attrs[k] for k in g.attrs}
+            members = {k: g[k] for k in g}
+            obs_members = dict(g["observations"].items()) if isinstance(members.get("observations"), h5py.Group) \
+                else None
         for required in ("observations", "rewards", "terminated", "truncated"):
-            if required not in g:
+            if required not in members:
                 raise TrajectoryFormatError(f"{where}: missing field {required!r}")
-        for required in ("env_id", "seed", "policy", "mission", "info"):
-            if required not in g.attrs:
+        if obs_members is None:
+            raise TrajectoryFormatError(f"{where}: field 'observations' is not a group")
+        for required in META_ATTRS:
+            if required not in attrs:
                 raise TrajectoryFormatError(f"{where}: missing attribute {required!r}")
-        def read(field: str, ds, *, text: bool = False):
-            # A damaged data block surfaces in h5py as a bare OSError ("Can't read data"): name file and field.
-            try:
-                return ds.asstr()[()] if text else ds[()]
-            except (OSError, KeyError, ValueError) as err:
-                raise TrajectoryFormatError(f"{where}: field {field!r} is unreadable ({err})") from err
-
-        obs = {}
-        for key in g["observations"]:
-            ds = g["observations"][key]
-            obs[key] = (np.asarray(read(f"observations/{key}", ds, text=True), dtype=object)
-                        if ds.dtype.kind == "O" else read(f"observations/{key}", ds))
-        fields = {name: read(name, g[name]) for name in ("rewards", "terminated", "truncated")}
-        actions = read("actions", g["actions"]) if "actions" in g else None
-        action_text = list(read("action_text", g["action_text"], text=True)) if "action_text" in g else None
+        with self._reading(where, "attributes"):
+            meta = {k: (int(attrs[k]) if k in ("seed", "length") else str(attrs[k])) for k in META_ATTRS}
+        length = meta["length"]
+        fields = {f"observations/{k}": self._dataset(where, f"observations/{k}", ds, length)
+                  for k, ds in sorted(obs_members.items())}
+        for key in ("actions", "action_text", "rewards", "terminated", "truncated"):
+            if key in members:
+                fields[key] = self._dataset(where, key, members[key], length)
         try:
-            info = json.loads(g.attrs["info"])
-        except (json.JSONDecodeError, TypeError) as err:
-            raise TrajectoryFormatError(f"{where}: attribute 'info' is not JSON ({err})") from err
-        try:
-            return Episode(observations=obs, **fields, actions=actions, action_text=action_text,
-                           mission=str(g.attrs["mission"]), env_id=str(g.attrs["env_id"]),
-                           seed=int(g.attrs["seed"]), policy=str(g.attrs["policy"]), info=info)
-        except ValueError as err:
+            info = json.loads(meta["info"])
+            obs = {k.removeprefix("observations/"): np.asarray(v, dtype=object) if isinstance(v, list) else v
+                   for k, v in fields.items() if k.startswith("observations/")}
+            return Episode(observations=obs, rewards=fields["rewards"], terminated=fields["terminated"],
+                           truncated=fields["truncated"], actions=fields.get("actions"),
+                           action_text=fields.get("action_text"), mission=meta["mission"], env_id=meta["env_id"],
+                           seed=meta["seed"], policy=meta["policy"], info=info)
+        except (ValueError, TypeError) as err:
             raise TrajectoryFormatError(f"{where}: inconsistent fields ({err})") from err
 
     def __iter__(self) -> Iterator[Episode]:

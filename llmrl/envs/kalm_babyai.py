@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
-from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
+from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
 
 __all__ = ["OBS_DIM", "N_ACTIONS", "COLOURS", "OBJECT_TYPES", "FRONT_CELL", "AGENT_CELL", "BadTaskError",
-           "parse_task", "cell_holds", "make_babyai_env"]
+           "parse_task", "cell_holds", "obs_fields", "make_babyai_env"]
 
 VIEW = 7
 OBS_DIM = VIEW * VIEW * 3 + 4
@@ -115,6 +115,18 @@ class KalmBabyAILevel(RoomGridLevel):
     def _gen_grid(self, width, height):
         super()._gen_grid(width, height)
         self.mission = self.instruction
+
+
+def obs_fields() -> list[tuple[int, int, str]]:
+    """The observation as categorical fields (first dim, classes, kind): each view cell's type, colour and state
+    code ("index": one dim holding the class id) and the direction ("onehot": 4 dims). Every dim is covered, so a
+    model that predicts a class per field writes an observation with exact codes."""
+    fields = []
+    for cell in range(VIEW * VIEW):
+        for channel, classes in enumerate((len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX))):
+            fields.append((3 * cell + channel, classes, "index"))
+    fields.append((VIEW * VIEW * 3, 4, "onehot"))
+    return fields
 
 
 def flatten_obs(obs: dict) -> np.ndarray:

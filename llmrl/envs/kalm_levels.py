@@ -18,6 +18,14 @@ Splits: ``train`` (offline data and grounding only), ``validation`` (any selecti
 three levels, evaluation only). A goal is a (benchmark, task, instruction) triple; the three splits share none,
 and validation and test phrasings never occur in training (``tests/test_kalm_envs.py`` checks both).
 
+Initial configurations are split too (``START_SPLITS``): every episode seed lies in the seed range of exactly one
+of ``train`` (offline data), ``validation`` (held-out grounding losses), ``test`` (evaluation) and ``imagine``
+(imagined rollouts' real initial states). Meta-World maps a seed to a task variation (object and goal positions)
+of its own split only (``metaworld_variation``), so no two splits start from the same configuration; BabyAI draws
+its room layout from the seed, and the ranges are disjoint. ``check_seed_range`` rejects a seed parameter whose
+episodes would leave its split's range. Initial states of different splits never coincide (tested on both
+benchmarks at the pipeline's parameters).
+
 The observation success rule ``obs_success(goal, obs)`` decides success from one observation, so rewards are
 labelled identically on real and imagined data (``label_rewards``) and imagined rollouts know when to stop:
 
@@ -36,6 +44,7 @@ Agreement of this rule with each env's own success on real scripted episodes is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -48,7 +57,9 @@ from llmrl.envs import metaworld_tasks as mw
 
 __all__ = ["BENCHMARKS", "LEVELS", "SPLITS", "UnknownLevelError", "ObservationSizeError", "Goal", "ActionSpec",
            "METAWORLD_TRAIN_TASKS", "METAWORLD_EASY_TASKS", "METAWORLD_PHRASINGS", "all_goals", "goals", "obs_dim",
-           "action_spec", "EnvSettings", "make_goal_env", "check_obs", "obs_success", "label_rewards"]
+           "obs_fields", "action_spec", "StartSplit", "START_SPLITS", "start_split", "check_seed_range",
+           "metaworld_variation", "per_goal", "goal_schedule", "EnvSettings", "make_goal_env", "GoalEnvPool", "check_obs",
+           "obs_success", "label_rewards"]
 
 BENCHMARKS = ("metaworld", "babyai")
 LEVELS = ("rephrase", "easy", "hard")
@@ -277,10 +288,74 @@ def obs_dim(benchmark: str) -> int:
     return mw.OBS_DIM if benchmark == "metaworld" else bab.OBS_DIM
 
 
+def obs_fields(benchmark: str) -> list[tuple[int, int, str]]:
+    """Categorical fields of the benchmark's observation as (first dim, classes, kind): BabyAI's grid codes and
+    direction (``kalm_babyai.obs_fields``); none for Meta-World (continuous)."""
+    if benchmark not in BENCHMARKS:
+        raise UnknownLevelError(f"benchmark {benchmark!r}: known are {list(BENCHMARKS)}")
+    return [] if benchmark == "metaworld" else bab.obs_fields()
+
+
 def action_spec(benchmark: str) -> ActionSpec:
     if benchmark not in BENCHMARKS:
         raise UnknownLevelError(f"benchmark {benchmark!r}: known are {list(BENCHMARKS)}")
     return ActionSpec(False, mw.ACTION_DIM) if benchmark == "metaworld" else ActionSpec(True, bab.N_ACTIONS, 0, 6)
+
+
+# ------------------------------------------------------------------------------------------------ initial states
+
+
+@dataclass(frozen=True)
+class StartSplit:
+    """Episode seeds ``first_seed <= s < end_seed`` and the Meta-World task variations they may start from."""
+
+    name: str
+    first_seed: int
+    end_seed: int
+    metaworld_variations: tuple[int, ...]
+
+
+START_SPLITS: dict[str, StartSplit] = {s.name: s for s in (
+    StartSplit("train", 0, 10_000, tuple(range(0, 25))),
+    StartSplit("validation", 10_000, 20_000, tuple(range(25, 30))),
+    StartSplit("test", 20_000, 30_000, tuple(range(30, 40))),
+    StartSplit("imagine", 30_000, 40_000, tuple(range(40, 50))),
+)}
+
+
+def start_split(seed: int) -> StartSplit:
+    """The split whose seed range holds ``seed``; ``ValueError`` outside every range."""
+    for split in START_SPLITS.values():
+        if split.first_seed <= seed < split.end_seed:
+            return split
+    raise ValueError(f"episode seed {seed} lies in no initial-state split "
+                     f"({', '.join(f'{s.name} {s.first_seed}..{s.end_seed - 1}' for s in START_SPLITS.values())})")
+
+
+def check_seed_range(split: str, first_seed: int, count: int, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` unless seeds ``first_seed .. first_seed + count - 1`` are all in ``split``."""
+    s = START_SPLITS[split]
+    if not (s.first_seed <= first_seed and first_seed + count <= s.end_seed):
+        raise ValueError(f"{what}: seeds {first_seed}..{first_seed + count - 1} must lie in the {split} initial-state "
+                         f"range {s.first_seed}..{s.end_seed - 1} (llmrl.envs.kalm_levels.START_SPLITS)")
+
+
+def metaworld_variation(seed: int) -> int:
+    """The Meta-World task variation of episode ``seed``: one of its own split's variations, in turn."""
+    split = start_split(seed)
+    return split.metaworld_variations[(seed - split.first_seed) % len(split.metaworld_variations)]
+
+
+def per_goal(n_goals: int, at_least: int) -> int:
+    """Episodes per goal so that a level of ``n_goals`` goals gets at least ``at_least`` episodes, every goal the
+    same number (one at least)."""
+    return max(1, math.ceil(at_least / n_goals))
+
+
+def goal_schedule(n_goals: int, per_goal: int, first_seed: int) -> list[tuple[int, int]]:
+    """(goal index, episode seed) for ``per_goal`` episodes of each of ``n_goals`` goals: round k plays every goal
+    once, episode j = k * n_goals + g has seed ``first_seed + j`` (every goal played equally, seeds distinct)."""
+    return [(g, first_seed + k * n_goals + g) for k in range(per_goal) for g in range(n_goals)]
 
 
 @dataclass(frozen=True)
@@ -304,11 +379,12 @@ def make_goal_env(goal: Goal, seed: int = 0, settings: EnvSettings | None = None
     """The goal's environment, reset once with ``seed``; ``info["success"]`` is the level's own checker.
 
     Observations are flat float32 vectors of ``obs_dim(goal.benchmark)``. Meta-World: episode seed s uses task
-    variation s % 50. BabyAI: the seed draws the room layout. Both truncate at ``settings.max_steps``.
+    variation ``metaworld_variation(s)``. BabyAI: the seed draws the room layout. Both truncate at
+    ``settings.max_steps``.
     """
     s = settings or EnvSettings()
     if goal.benchmark == "metaworld":
-        env = mw.make_task_env(goal.task, seed, s.max_steps)
+        env = mw.make_task_env(goal.task, seed, s.max_steps, metaworld_variation)
     elif goal.benchmark == "babyai":
         env = bab.make_babyai_env(goal.task, goal.instruction, room_size=s.room_size,
                                   num_distractors=s.num_distractors, max_steps=s.max_steps)
@@ -316,6 +392,38 @@ def make_goal_env(goal: Goal, seed: int = 0, settings: EnvSettings | None = None
         raise UnknownLevelError(f"benchmark {goal.benchmark!r}: known are {list(BENCHMARKS)}")
     env.reset(seed=seed)
     return env
+
+
+class GoalEnvPool:
+    """Goal environments built on first use and kept: ``env(goal, slot)`` is one instance per (goal, slot), so
+    episodes of one goal running side by side use different slots. ``reset(seed=s)`` of a kept env starts where a
+    fresh ``make_goal_env(goal, s)`` does, and a Meta-World build costs ~0.7 s of CPU, so reuse pays."""
+
+    def __init__(self, settings: EnvSettings):
+        self.settings = settings
+        self._envs: dict[tuple[Goal, int], gym.Env] = {}
+
+    def env(self, goal: Goal, slot: int = 0, seed: int = 0) -> gym.Env:
+        key = (goal, slot)
+        if key not in self._envs:
+            self._envs[key] = make_goal_env(goal, seed, self.settings)
+        return self._envs[key]
+
+    def reset(self, goal: Goal, seed: int, slot: int = 0) -> tuple[gym.Env, np.ndarray]:
+        env = self.env(goal, slot, seed)
+        obs, _ = env.reset(seed=seed)
+        return env, check_obs(goal.benchmark, obs, "initial observation")
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+
+    def __enter__(self) -> GoalEnvPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def check_obs(benchmark: str, obs: np.ndarray, what: str = "observation") -> np.ndarray:

@@ -9,7 +9,7 @@ import logging
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["episode_success", "episode_successes", "QuietReset", "make_env"]
+__all__ = ["FAMILIES", "episode_success", "episode_successes", "QuietReset", "make_env"]
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +31,11 @@ def episode_successes(final_info: dict, rewards: np.ndarray, terminated: np.ndar
     return (rewards > 0) & terminated & done
 
 
-def _register_all() -> None:
-    """Import the packages (and our modules) that register environment ids with gymnasium."""
-    import importlib
-
-    import minigrid  # noqa: F401  (importing it registers MiniGrid-* and BabyAI-*)
-
-    for module in ("llmrl.envs.babyai_text", "llmrl.envs.doorkey"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
+# The project's own environment families, each registered with gymnasium by importing its module: a caller imports
+# the family it makes (a stage depends on the environments it uses, and no other: dvc.yaml's deps are its imports).
+FAMILIES = {"BabyAI-Text-": "llmrl.envs.babyai_text (GLAM's BabyAI-Text levels)",
+            **{f"MiniGrid-{name}": "llmrl.envs.doorkey (LLM4Teach's DoorKey family)"
+               for name in ("SimpleDoorKey-", "LavaDoorKey-", "ColoredDoorKey-", "TwoDoor-")}}
 
 
 class QuietReset(gym.Wrapper):
@@ -57,13 +50,17 @@ def make_env(env_id: str, seed: int | None = None, **kwargs) -> gym.Env:
     """``gymnasium.make(env_id, **kwargs)``, quiet, with its first reset and action space seeded by ``seed``.
 
     Later resets continue the environment's own RNG stream, so a fixed seed fixes the whole sequence of
-    episodes. Raises ``gymnasium.error.Error`` naming the id if it is not registered.
+    episodes. MiniGrid's and BabyAI's ids are always known; the project's families once their module is imported
+    (``FAMILIES``). Raises ``gymnasium.error.Error`` naming the id if it is not registered.
     """
-    _register_all()
+    import minigrid  # noqa: F401  (importing it registers MiniGrid-* and BabyAI-*)
+
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.NameNotFound as err:
-        raise gym.error.NameNotFound(f"make_env: unknown environment id {env_id!r} ({err})") from err
+        family = next((module for prefix, module in FAMILIES.items() if env_id.startswith(prefix)), None)
+        hint = f"; import {family} first, it registers the id" if family else ""
+        raise gym.error.NameNotFound(f"make_env: unknown environment id {env_id!r} ({err}){hint}") from err
     env = QuietReset(env)
     if seed is not None:
         env.action_space.seed(seed)

@@ -2,9 +2,11 @@
 
 ``metaworld.MT1(name, seed)`` holds 50 task variations (object and goal positions) of one environment class;
 the gymnasium id ``Meta-World/MT1`` re-samples one at every reset, which makes an episode irreproducible from
-its seed alone. ``MetaWorldTaskEnv`` instead picks variation ``seed % 50`` at ``reset(seed=seed)`` with
+its seed alone. ``MetaWorldTaskEnv`` instead picks variation ``variation_of(seed)`` at ``reset(seed=seed)`` with
 ``set_task`` (``reset()`` before any ``set_task`` raises in metaworld 3.1.1, so the constructor sets one), so
-episode ``seed`` always starts from the same object and goal positions.
+episode ``seed`` always starts from the same object and goal positions. ``variation_of`` defaults to
+``seed % 50``; KALM passes its split map (``llmrl.envs.kalm_levels.metaworld_variation``), which keeps the
+variations of training data, validation, imagination and evaluation apart.
 
 Observations are metaworld's 39-d vector (goal visible: ``_partially_observable`` is False for MT1 tasks):
 ``[0:3]`` hand position, ``[3]`` gripper opening, ``[4:7]`` object 1 position, ``[7:11]`` its quaternion,
@@ -27,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -62,22 +65,28 @@ def _benchmark(task: str):
             raise UnknownTaskError(f"Meta-World task {task!r}: not in metaworld ({err})") from None
 
 
+def default_variation(seed: int) -> int:
+    return seed % N_VARIATIONS
+
+
 class MetaWorldTaskEnv(gym.Env):
-    """One metaworld task; ``reset(seed=s)`` uses variation ``s % 50``; truncates after ``max_steps`` steps."""
+    """One metaworld task; ``reset(seed=s)`` uses variation ``variation_of(s)``; truncates after ``max_steps``."""
 
     metadata = {"render_modes": []}
 
-    def __init__(self, task: str, seed: int = 0, max_steps: int = 150):
+    def __init__(self, task: str, seed: int = 0, max_steps: int = 150,
+                 variation_of: Callable[[int], int] = default_variation):
         if max_steps <= 0:
             raise ValueError(f"MetaWorldTaskEnv: max_steps must be > 0, got {max_steps}")
         self.task = task
         self.max_steps = max_steps
+        self.variation_of = variation_of
         mt1 = _benchmark(task)
         self._tasks = mt1.train_tasks
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.env = mt1.train_classes[f"{task}-v3"]()
-        self.env.set_task(self._tasks[seed % N_VARIATIONS])
+        self.env.set_task(self._tasks[self._variation(seed)])
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self._t = 0
@@ -85,7 +94,7 @@ class MetaWorldTaskEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if seed is not None:
-            self.env.set_task(self._tasks[seed % N_VARIATIONS])
+            self.env.set_task(self._tasks[self._variation(seed)])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             obs, info = self.env.reset(seed=seed)
@@ -104,6 +113,12 @@ class MetaWorldTaskEnv(gym.Env):
         truncated = (self._t >= self.max_steps) and not terminated
         return np.asarray(obs, dtype=np.float32), float(reward), terminated, truncated, {**info, "success": success}
 
+    def _variation(self, seed: int) -> int:
+        v = int(self.variation_of(seed))
+        if not 0 <= v < len(self._tasks):
+            raise ValueError(f"{self.task}: variation {v} of seed {seed} is not in 0..{len(self._tasks) - 1}")
+        return v
+
     def close(self) -> None:
         self.env.close()
 
@@ -113,14 +128,16 @@ class TwoStageTaskEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, task: str, seed: int = 0, max_steps: int = 150):
+    def __init__(self, task: str, seed: int = 0, max_steps: int = 150,
+                 variation_of: Callable[[int], int] = default_variation):
         if task not in TWO_STAGE_TASKS:
             raise UnknownTaskError(f"two-stage task {task!r}: known are {sorted(TWO_STAGE_TASKS)}")
         self.task = task
         self.max_steps = max_steps
         first, second = TWO_STAGE_TASKS[task]
         # Each stage gets the whole budget as its own cap; the shared cap is enforced here.
-        self.stages = [MetaWorldTaskEnv(first, seed, max_steps), MetaWorldTaskEnv(second, seed, max_steps)]
+        self.stages = [MetaWorldTaskEnv(first, seed, max_steps, variation_of),
+                       MetaWorldTaskEnv(second, seed, max_steps, variation_of)]
         self.observation_space = self.stages[0].observation_space
         self.action_space = self.stages[0].action_space
         self.stage = 0
@@ -152,11 +169,12 @@ class TwoStageTaskEnv(gym.Env):
             env.close()
 
 
-def make_task_env(task: str, seed: int = 0, max_steps: int = 150) -> gym.Env:
+def make_task_env(task: str, seed: int = 0, max_steps: int = 150,
+                  variation_of: Callable[[int], int] = default_variation) -> gym.Env:
     """A single or two-stage task (``TWO_STAGE_TASKS``) as a gymnasium env."""
     if task in TWO_STAGE_TASKS:
-        return TwoStageTaskEnv(task, seed, max_steps)
-    return MetaWorldTaskEnv(task, seed, max_steps)
+        return TwoStageTaskEnv(task, seed, max_steps, variation_of)
+    return MetaWorldTaskEnv(task, seed, max_steps, variation_of)
 
 
 def _policy_class_name(task: str) -> str:

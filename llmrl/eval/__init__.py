@@ -1,8 +1,9 @@
-"""One evaluation harness for every policy: fixed seeds, rates with confidence intervals."""
+"""One evaluation harness for every policy (``harness``: fixed seeds, rates with confidence intervals; ``batched``:
+many episodes in lockstep), seed-level aggregation (``seeds``), intervals (``stats``), the shared headline
+vocabulary (``headline``), and each method's result logic in a module of its own.
 
-from llmrl.eval.harness import EpisodeRecord, EvalResult, Policy, evaluate
-from llmrl.eval.seeds import SeedAggregate, aggregate_seeds
-from llmrl.eval.stats import mean_interval, wilson_interval
+Import from the module that defines a name: importing this package loads none of them, so a stage depends on the
+modules it uses and no other (dvc.yaml's deps are a stage's import closure).
+"""
 
-__all__ = ["EpisodeRecord", "EvalResult", "Policy", "SeedAggregate", "aggregate_seeds", "evaluate", "mean_interval",
-           "wilson_interval"]
+__all__: list[str] = []

@@ -12,7 +12,8 @@ import numpy as np
 from torch import nn
 
 from llmrl.agents.student import StudentPolicy
-from llmrl.envs import make_env
+import llmrl.envs.doorkey  # noqa: F401  (registers the DoorKey family the curves are measured on)
+from llmrl.envs.make import make_env
 from llmrl.eval.batched import evaluate_batched
 
 __all__ = ["grid_curve_measure", "aulc"]

@@ -8,7 +8,8 @@ mode, the same keys, so ``dvc metrics show`` prints one row per agent and a hand
 
 Intervals come from ``llmrl.eval.seeds.aggregate_seeds`` (seeds as the unit; one seed gives an episode-level
 interval and ``seeds: 1`` says so; success intervals contain the pooled Wilson interval, so 0 of 100 is
-reported as [0, 0.037], not [0, 0]). Per-episode tables, per-seed values and prompts go to plain outs.
+reported as [0, 0.037], not [0, 0]). A metrics file holds numbers only (``metrics_entry`` refuses anything else):
+the environment line, dtypes, per-seed values, verdicts, per-episode tables and prompts go to the stage's plain outs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from collections.abc import Sequence
 from llmrl.eval.harness import EvalResult
 from llmrl.eval.seeds import aggregate_seeds
 
-__all__ = ["headline", "headline_of_results", "metrics_entry"]
+__all__ = ["HEADLINE_KEYS", "headline", "headline_of_results", "headline_part", "metrics_entry"]
+
+# The keys of one mode's headline: what ``dvc metrics show`` lists for every agent of every method.
+HEADLINE_KEYS = ("success", "success_lo", "success_hi", "return", "return_lo", "return_hi", "seeds", "episodes")
 
 
 def headline(per_seed_success: Sequence[Sequence[float]], per_seed_return: Sequence[Sequence[float]] | None = None,
@@ -46,8 +50,28 @@ def headline_of_results(results: Sequence[EvalResult], **kw) -> dict:
                     [[e.episode_return for e in r.episodes] for r in results], **kw)
 
 
-def metrics_entry(modes: dict[str, dict], **extra) -> dict:
-    """A per-agent metrics file: the headline per mode, any extra headline figures and the environment line."""
-    from llmrl.fingerprint import fingerprint_line
+def headline_part(entry: dict) -> dict:
+    """The ``HEADLINE_KEYS`` of one mode's entry (a richer entry, e.g. ``llmrl.eval.llm_rl.accuracy_entry``, keeps
+    the rest for a plain output)."""
+    return {k: entry[k] for k in HEADLINE_KEYS if k in entry}
 
-    return {**modes, **extra, "env": fingerprint_line()}
+
+def _leaves(node, path: str = ""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{path}.{key}" if path else str(key))
+    else:
+        yield path, node
+
+
+def metrics_entry(modes: dict[str, dict], **extra) -> dict:
+    """A per-agent metrics file: the headline per mode and any extra headline figures (``aulc``, ``beats_random``).
+    Numbers and booleans only, so ``dvc metrics show`` lists them as columns; anything else is a ``ValueError``
+    naming it (the stage's plain outputs take it)."""
+    entry = {**modes, **extra}
+    other = [f"{key}={value!r}" for key, value in _leaves(entry)
+             if isinstance(value, str) or not isinstance(value, (int, float, bool))]
+    if other:
+        raise ValueError(f"metrics_entry: not a number: {', '.join(other)}; a metrics file holds headline figures "
+                         "only (write the rest to a plain output)")
+    return entry

@@ -1,12 +1,21 @@
 """KALM evaluation: goal-conditioned policies on a level's goals, many episodes stepped in lockstep.
 
-Protocol: episode j of a level plays goal ``goals[j % len(goals)]`` from ``reset(seed=first_seed + j)``, so every
-policy meets the same goals and initial states. Episodes run until the env terminates (its own success checker)
-or truncates at the level's step cap. All live episodes are stepped together so a d3rlpy policy predicts one
-batch per step (the gymnasium vector envs need one env class per vector, and our episodes mix goals).
-Environments are built once per (goal, slot) and reused across policies (Meta-World builds take ~1-2 s each).
+Protocol: every goal of a level is played ``per_goal`` times (``kalm_levels.goal_schedule``: episode
+j = k * len(goals) + g plays goal g from ``reset(seed=first_seed + j)``), from initial states of the *test* split
+(``kalm_levels.START_SPLITS``: never a training, validation or imagination configuration), so every policy meets the
+same goals and initial states and no goal is left out. Episodes run until the env terminates (its own success
+checker) or truncates at the level's step cap. All live episodes are stepped together so a d3rlpy policy predicts
+one batch per step (the gymnasium vector envs need one env class per vector, and our episodes mix goals).
+Environments are built once per (goal, round) and reused across policies (Meta-World builds take ~1-2 s each).
 
-Results aggregate over training seeds with ``llmrl.eval.seeds.aggregate_seeds`` (seed = unit).
+Results aggregate over training seeds with ``llmrl.eval.seeds.aggregate_seeds`` (seed = unit); each row also
+records its success per goal.
+
+Imagined rollouts (``llmrl.algos.kalm_imagine``) are measured here too, as a diagnostic only: ``rollout_quality``
+replays each imagined action sequence open-loop in the real env from the same seed and reports the env's own
+success of the replay and the per-step error between imagined and simulated states against the step index, for all
+rollouts and for the consistent ones, beside the success of as many uniformly random actions from the same starts
+(the reference the replay must beat: ``imagines`` says whether the replay's interval clears the random one's).
 """
 
 from __future__ import annotations
@@ -19,10 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
+from llmrl.eval.stats import compare_intervals, wilson_interval
 
-__all__ = ["BatchAct", "EpisodeOutcome", "EnvPool", "run_level", "offline_act", "random_act", "grounded_act",
-           "evaluate_benchmark"]
+__all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
+           "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality"]
 
 # act(obs [n, d], goal indices [n], episode indices [n]) -> actions [n, ...]
 BatchAct = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -36,34 +47,17 @@ class EpisodeOutcome:
     length: int
 
 
-class EnvPool:
-    """Environments of a level's episodes, built on first use and kept for the next policy."""
-
-    def __init__(self, goals: Sequence[kl.Goal], settings: kl.EnvSettings):
-        self.goals = list(goals)
-        self.settings = settings
-        self._envs: dict[int, object] = {}
-
-    def env(self, episode: int, seed: int):
-        if episode not in self._envs:
-            self._envs[episode] = kl.make_goal_env(self.goals[episode % len(self.goals)], seed, self.settings)
-        return self._envs[episode]
-
-    def close(self) -> None:
-        for env in self._envs.values():
-            env.close()
-        self._envs.clear()
-
-
-def run_level(act: BatchAct, pool: EnvPool, episodes: int, first_seed: int) -> list[EpisodeOutcome]:
-    """Play ``episodes`` episodes of the pool's level in lockstep; outcomes in episode order."""
-    n_goals = len(pool.goals)
-    envs = [pool.env(j, first_seed + j) for j in range(episodes)]
-    obs = np.stack([env.reset(seed=first_seed + j)[0] for j, env in enumerate(envs)]).astype(np.float32)
+def run_level(act: BatchAct, goals: Sequence[kl.Goal], pool: kl.GoalEnvPool, per_goal: int, first_seed: int
+              ) -> list[EpisodeOutcome]:
+    """Play ``per_goal`` episodes of every goal in lockstep (``goal_schedule``); outcomes in episode order."""
+    schedule = kl.goal_schedule(len(goals), per_goal, first_seed)
+    episodes = len(schedule)
+    envs = [pool.env(goals[g], j // len(goals), seed) for j, (g, seed) in enumerate(schedule)]
+    obs = np.stack([env.reset(seed=seed)[0] for env, (_g, seed) in zip(envs, schedule)]).astype(np.float32)
     live = np.ones(episodes, bool)
     lengths = np.zeros(episodes, int)
     success = np.zeros(episodes, bool)
-    goal_idx = np.arange(episodes) % n_goals
+    goal_idx = np.asarray([g for g, _ in schedule])
     while live.any():
         idx = np.flatnonzero(live)
         actions = act(obs[idx], goal_idx[idx], idx)
@@ -74,7 +68,7 @@ def run_level(act: BatchAct, pool: EnvPool, episodes: int, first_seed: int) -> l
             if terminated or truncated:
                 live[j] = False
                 success[j] = bool(info.get("success", False))
-    return [EpisodeOutcome(int(goal_idx[j]), first_seed + j, bool(success[j]), int(lengths[j]))
+    return [EpisodeOutcome(int(goal_idx[j]), schedule[j][1], bool(success[j]), int(lengths[j]))
             for j in range(episodes)]
 
 
@@ -125,16 +119,109 @@ def grounded_act(model, goals: Sequence[kl.Goal]) -> BatchAct:
 log = logging.getLogger("llmrl.kalm.eval")
 
 
+@dataclass
+class ReplayResult:
+    success: bool  # the env's own checker during the open-loop replay
+    mae: list[float]  # per step: mean |imagined s_{t+1} - simulated s_{t+1}| over dimensions
+    l2: list[float]  # per step: ||imagined - simulated||_2
+
+
+def replay(episode: Episode, goal: kl.Goal, envs: kl.GoalEnvPool, actions=None) -> ReplayResult:
+    """Replay the imagined actions (or ``actions`` instead) open-loop in the real env from the episode's seed."""
+    env, obs = envs.reset(goal, episode.seed)
+    success, mae, l2 = False, [], []
+    imagined = episode.observations["next_obs"]
+    for t, a in enumerate(episode.actions if actions is None else actions):
+        obs, _r, terminated, truncated, info = env.step(int(a) if np.ndim(a) == 0 else np.asarray(a, np.float32))
+        diff = np.asarray(obs, np.float32) - imagined[t]
+        mae.append(float(np.abs(diff).mean()))
+        l2.append(float(np.linalg.norm(diff)))
+        success = success or bool(info.get("success", False))
+        if terminated or truncated:
+            break
+    return ReplayResult(success, mae, l2)
+
+
+def _rate(flags: Sequence[bool]) -> float | None:
+    return round(float(np.mean(flags)), 4) if len(flags) else None
+
+
+def _random_actions(goal: kl.Goal, n: int, seed: int) -> np.ndarray:
+    spec = kl.action_spec(goal.benchmark)
+    rng = np.random.default_rng([seed, n])
+    if spec.discrete:
+        return rng.integers(0, spec.n, n)
+    return rng.uniform(spec.low, spec.high, (n, spec.n)).astype(np.float32)
+
+
+def _wilson(flags: Sequence[bool]) -> dict:
+    low, high = wilson_interval(int(sum(flags)), len(flags)) if len(flags) else (0.0, 1.0)
+    return {"ci_low": round(low, 4), "ci_high": round(high, 4)}
+
+
+def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], settings,
+                    consistent: Sequence[bool] | None = None) -> tuple[dict, list[dict], list[dict]]:
+    """Headline quality figures of a level's imagined episodes, a per-episode table and the per-step error
+    against the step index (mean over the rollouts whose replay reached that step).
+
+    ``goals[i]`` is episode i's goal; ``consistent[i]`` its consistency verdict (``consistency``), if checked.
+    """
+    rows, succ, rule, maes, l2s, rand = [], [], [], [], [], []
+    by_step: dict[int, list[float]] = {}
+    with kl.GoalEnvPool(settings) as envs:
+        for i, ep in enumerate(episodes):
+            r = replay(ep, goals[i], envs)
+            rand.append(replay(ep, goals[i], envs, _random_actions(goals[i], len(ep), ep.seed)).success)
+            succ.append(r.success)
+            rule.append(bool(ep.terminated[-1]))
+            maes.extend(r.mae)
+            l2s.extend(r.l2)
+            for t, v in enumerate(r.mae):
+                by_step.setdefault(t, []).append(v)
+            rows.append({"task": goals[i].task, "instruction": ep.mission, "seed": ep.seed, "length": len(ep),
+                         "imagined_success": bool(ep.terminated[-1]), "replay_success": r.success,
+                         "consistent": None if consistent is None else bool(consistent[i]),
+                         "mae_mean": round(float(np.mean(r.mae)), 5) if r.mae else None,
+                         "mae_first": round(r.mae[0], 5) if r.mae else None,
+                         "mae_last": round(r.mae[-1], 5) if r.mae else None})
+    n = len(episodes)
+    curve = [{"step": t + 1, "mae": round(float(np.mean(v)), 5), "rollouts": len(v)} for t, v in sorted(by_step.items())]
+    replay_ci, random_ci = _wilson(succ), _wilson(rand)
+    summary = {
+        "rollouts": n,
+        "imagined_success": _rate(rule),
+        "replay_success": _rate(succ),
+        "replay_success_ci": [replay_ci["ci_low"], replay_ci["ci_high"]],
+        "random_replay_success": _rate(rand),
+        "random_replay_success_ci": [random_ci["ci_low"], random_ci["ci_high"]],
+        "imagines": compare_intervals(replay_ci, random_ci) == "higher",
+        "replay_success_given_imagined": _rate([s for s, r in zip(succ, rule) if r]),
+        "step_mae": round(float(np.mean(maes)), 5) if maes else None,
+        "step_l2": round(float(np.mean(l2s)), 5) if l2s else None,
+        "first_step_mae": curve[0]["mae"] if curve else None,
+        "last_step_mae": curve[-1]["mae"] if curve else None,
+        "mean_length": round(float(np.mean([len(e) for e in episodes])), 2) if n else None,
+    }
+    if consistent is not None:
+        kept = [i for i in range(n) if consistent[i]]
+        summary |= {"consistent": len(kept), "consistent_share": _rate(list(consistent)),
+                    "imagined_success_consistent": _rate([rule[i] for i in kept]),
+                    "replay_success_consistent": _rate([succ[i] for i in kept])}
+    return summary, rows, curve
+
+
+
 def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path]], table, levels: Sequence[str],
                        settings: kl.EnvSettings, episodes: int, first_seed: int, random_seeds: int,
                        confidence: float = 0.95, grounded=None, grounded_episodes: int = 0,
                        threads: int = 1) -> dict:
     """Every row of one benchmark on every level; returns ``{"rows": [...], "episodes": [...], "headline": {...}}``.
 
-    ``offline_runs``: (row name, model path) per trained seed — runs sharing a row name are its seeds. Rows are
+    ``episodes`` (and ``grounded_episodes``): at least this many per level and seed, every goal equally often
+    (``kalm_levels.per_goal``). ``offline_runs``: (row name, model path) per trained seed — runs sharing a row name are its seeds. Rows are
     aggregated with ``aggregate_seeds`` (training seed = unit); the random row has ``random_seeds`` seeds; the
-    grounded LLM row (``grounded.models[benchmark]``, a level's episodes in one batch) one. The headline is each
-    row's success averaged over levels.
+    grounded LLM row (``grounded.models[benchmark]``, a level's episodes in one batch) one. Each row's entry of
+    a level carries its success per goal. The headline gives each row's success per level and their mean.
     """
     import torch
 
@@ -143,45 +230,57 @@ def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    pools = {lv: EnvPool(kl.goals(benchmark, lv), settings) for lv in levels}
-    embeds = {lv: table.lookup([g.instruction for g in pools[lv].goals]) for lv in levels}
+    goals = {lv: kl.goals(benchmark, lv) for lv in levels}
+    per_goal = {lv: kl.per_goal(len(goals[lv]), episodes) for lv in levels}
+    for lv in levels:
+        kl.check_seed_range("test", first_seed, len(goals[lv]) * per_goal[lv], "kalm.eval.seed")
+    pool = kl.GoalEnvPool(settings)
+    embeds = {lv: table.lookup([g.instruction for g in goals[lv]]) for lv in levels}
     scores: dict[str, dict[str, list[list[float]]]] = {}
+    per_goal_hits: dict[tuple[str, str], dict[str, list[float]]] = {}
     episodes_out: list[dict] = []
 
     def record(row: str, level: str, seed, outcomes) -> None:
         scores.setdefault(row, {}).setdefault(level, []).append([float(o.success) for o in outcomes])
+        hits = per_goal_hits.setdefault((row, level), {})
+        for o in outcomes:
+            hits.setdefault(goals[level][o.goal].instruction, []).append(float(o.success))
         episodes_out.extend({"benchmark": benchmark, "row": row, "level": level, "train_seed": seed,
-                             "goal": pools[level].goals[o.goal].instruction, "episode_seed": o.seed,
-                             "success": o.success, "length": o.length} for o in outcomes)
+                             "task": goals[level][o.goal].task, "goal": goals[level][o.goal].instruction,
+                             "episode_seed": o.seed, "success": o.success, "length": o.length} for o in outcomes)
 
     for row, path in offline_runs:
         policy = OfflinePolicy.load(path, np.zeros(table.dim), name=row)
         for lv in levels:
-            record(row, lv, str(path.parent.name), run_level(offline_act(policy, embeds[lv]), pools[lv], episodes,
-                                                             first_seed))
+            record(row, lv, str(path.parent.name), run_level(offline_act(policy, embeds[lv]), goals[lv], pool,
+                                                             per_goal[lv], first_seed))
         log.info("%s %s (%s) evaluated (%.0fs)", benchmark, row, path.parent.name, time.perf_counter() - start)
     for seed in range(random_seeds):
         for lv in levels:
-            record("random", lv, seed, run_level(random_act(benchmark, seed), pools[lv], episodes, first_seed))
+            record("random", lv, seed, run_level(random_act(benchmark, seed), goals[lv], pool, per_goal[lv],
+                                                 first_seed))
     if grounded is not None and grounded_episodes:
         if benchmark not in grounded.models:
             log.warning("no grounded LLM for %s (have %s): row left out", benchmark, sorted(grounded.models))
         else:
             for lv in levels:
-                record("grounded-llm", lv, 0, run_level(grounded_act(grounded.models[benchmark], pools[lv].goals),
-                                                        pools[lv], min(grounded_episodes, episodes), first_seed))
+                record("grounded-llm", lv, 0, run_level(grounded_act(grounded.models[benchmark], goals[lv]),
+                                                        goals[lv], pool,
+                                                        kl.per_goal(len(goals[lv]), min(grounded_episodes, episodes)),
+                                                        first_seed))
         log.info("%s grounded-llm evaluated (%.0fs)", benchmark, time.perf_counter() - start)
-    for pool in pools.values():
-        pool.close()
+    pool.close()
     rows, headline = [], {}
     for row, by_level in scores.items():
-        means = []
+        levels_out = {}
         for lv, per_seed in by_level.items():
             agg = aggregate_seeds(per_seed, confidence=confidence, rng_seed=0, rate=True).summary()  # 0/1 successes
-            rows.append({"benchmark": benchmark, "row": row, "level": lv, **agg})
-            means.append(agg["value"])
+            by_goal = {g: round(float(np.mean(v)), 4) for g, v in per_goal_hits[(row, lv)].items()}
+            rows.append({"benchmark": benchmark, "row": row, "level": lv, **agg, "goals": len(goals[lv]),
+                         "episodes_per_goal_and_seed": len(per_seed[0]) // len(goals[lv]), "success_by_goal": by_goal})
+            levels_out[lv] = agg["value"]
             log.info("%s %-22s %-8s success %.3f [%.3f, %.3f] seeds %s", benchmark, row, lv, agg["value"],
                      agg["ci_low"], agg["ci_high"], agg["per_seed"])
-        headline[row] = round(float(np.mean(means)), 4)
+        headline[row] = {**levels_out, "mean": round(float(np.mean(list(levels_out.values()))), 4)}
     return {"rows": rows, "episodes": episodes_out, "headline": headline,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -1,7 +1,9 @@
-"""ProPS results: curves of best return against episodes used, and the headline of each task × method.
+"""ProPS results: curves of best return against episodes used, the headline of each task × method, and the check
+that every method of one table spent the same episodes.
 
 A run is one search seed of one method: its per-iteration rows (``episodes``, ``best_return`` and, for LLM
-methods, the cumulative LLM counters) and ``final_eval``, the held-out returns of its final policy.
+methods, ``proposal`` and the cumulative LLM counters) and ``final_eval``, the held-out returns of its final
+policy.
 """
 
 from __future__ import annotations
@@ -10,16 +12,38 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from llmrl.eval.headline import metrics_entry
 from llmrl.eval.seeds import aggregate_seeds
 
-__all__ = ["mean_curve", "headline"]
+__all__ = ["mean_curve", "headline", "metrics_of", "UnequalBudgetError", "check_equal_budgets", "paired_difference"]
 
 
 def mean_curve(runs_rows: Sequence[Sequence[dict]]) -> list[dict]:
-    """Seed-mean best return at each row index (runs of one method share their episode schedule)."""
+    """Seed-mean best return at each row index (runs of one method share their episode schedule). Rows of LLM
+    methods add ``fallbacks``: how many seeds' points at that step were random fallbacks, not the LLM's."""
     n = min(len(r) for r in runs_rows)
-    return [{"episodes": int(runs_rows[0][i]["episodes"]),
-             "best_return": round(float(np.mean([r[i]["best_return"] for r in runs_rows])), 4)} for i in range(n)]
+    out = []
+    for i in range(n):
+        point = {"episodes": int(runs_rows[0][i]["episodes"]),
+                 "best_return": round(float(np.mean([r[i]["best_return"] for r in runs_rows])), 4)}
+        if "proposal" in runs_rows[0][i]:
+            point["fallbacks"] = sum(r[i]["proposal"] == "fallback" for r in runs_rows)
+        out.append(point)
+    return out
+
+
+class UnequalBudgetError(ValueError):
+    """Methods of one table spent different numbers of training/search episodes."""
+
+
+def check_equal_budgets(table: dict[str, dict], *, name: str) -> int:
+    """The one episode budget of a table of headlines (method -> ``headline``); different budgets raise
+    ``UnequalBudgetError`` naming each method's."""
+    budgets = {m: h["episodes"] for m, h in table.items()}
+    if len(set(budgets.values())) > 1:
+        raise UnequalBudgetError(f"{name}: methods spent different episode budgets {budgets}; a table compares "
+                                 "methods at one budget")
+    return next(iter(budgets.values()))
 
 
 def headline(runs: Sequence[dict], *, statistic: str = "mean", confidence: float = 0.95, reps: int = 2000) -> dict:
@@ -41,11 +65,19 @@ def headline(runs: Sequence[dict], *, statistic: str = "mean", confidence: float
     if "llm_calls" in last[0]:
         iters = sum(len(r["rows"]) for r in runs)
         calls = sum(x["llm_calls"] for x in last)
+        errors: dict[str, int] = {}
+        for x in last:
+            for kind, count in x.get("parse_errors", {}).items():
+                errors[kind] = errors.get(kind, 0) + int(count)
         out["llm"] = {
+            "llm_proposed": round(1 - sum(x["fallbacks"] for x in last) / iters, 4),
             "calls": int(calls),
             "tokens": int(sum(x["tokens"] for x in last)),
             "reasks": int(sum(x["reasks"] for x in last)),
             "parse_failure_rate": round(sum(x["parse_failures"] for x in last) / calls, 4) if calls else None,
+            "example_copy_rate": (round(sum(x.get("example_copies", 0) for x in last) / calls, 4) if calls
+                                  else None),
+            "parse_errors": {k: v for k, v in errors.items() if v},
             "duplicate_rate": round(sum(x["duplicates"] for x in last) / iters, 4),
             "fallback_rate": round(sum(x["fallbacks"] for x in last) / iters, 4),
             "faults": int(sum(x["faults"] for x in last)),
@@ -53,3 +85,38 @@ def headline(runs: Sequence[dict], *, statistic: str = "mean", confidence: float
     secs = [row["seconds"] for r in runs[:1] for row in r["rows"]]
     out["seconds_per_iteration"] = round(float(np.mean(secs)), 3)
     return out
+
+
+def metrics_of(h: dict) -> dict:
+    """What a method's ``headline`` puts into ``dvc metrics show``, one file per method and so one row each: the
+    held-out greedy return of its final policies in the project's headline vocabulary, its training episodes, and
+    for an LLM method the share of proposals the LLM made (the rest were random fallbacks) and its parse-failure
+    rate. The rest of the headline (best search return, every LLM counter, per-seed values) is the stage's report."""
+    f = h["final"]
+    out = {"greedy": {"return": f["value"], "return_lo": f["ci_low"], "return_hi": f["ci_high"],
+                      "seeds": f["n_seeds"], "episodes": f["episodes"]},
+           "train_episodes": h["episodes"]}
+    if "llm" in h:
+        out.update(llm_proposed=h["llm"]["llm_proposed"], parse_failure=h["llm"]["parse_failure_rate"])
+    return metrics_entry(out)
+
+
+def paired_difference(runs: Sequence[dict], baseline: Sequence[dict], *, confidence: float = 0.95,
+                      reps: int = 2000, seed: int = 0) -> dict:
+    """Seed-paired difference of the final values (mean of ``final_eval``) of ``runs`` minus ``baseline``: the
+    mean over seeds with a percentile-bootstrap interval over seeds, the seeds won, and the verdict ("better":
+    interval above 0, "worse": below, "no difference" otherwise). The quadratic check's answer: does the LLM
+    find more than random search at the same number of evaluations?"""
+    mine = {r["seed"]: float(np.mean(r["final_eval"])) for r in runs}
+    other = {r["seed"]: float(np.mean(r["final_eval"])) for r in baseline}
+    seeds = sorted(mine.keys() & other.keys())
+    if len(seeds) < 2:
+        raise ValueError(f"paired_difference: needs >= 2 seeds run by both, got {seeds}")
+    d = np.array([mine[s] - other[s] for s in seeds])
+    rng = np.random.default_rng(seed)
+    boot = d[rng.integers(0, len(d), size=(reps, len(d)))].mean(axis=1)
+    lo, hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
+    verdict = "better" if lo > 0 else "worse" if hi < 0 else "no difference"
+    return {"difference": round(float(d.mean()), 4), "ci_low": round(float(lo), 4), "ci_high": round(float(hi), 4),
+            "seeds": len(seeds), "seeds_won": int((d > 0).sum()), "verdict": verdict,
+            "per_seed": [round(float(x), 4) for x in d]}

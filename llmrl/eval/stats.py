@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-__all__ = ["wilson_interval", "mean_interval"]
+__all__ = ["wilson_interval", "mean_interval", "compare_intervals"]
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -38,3 +38,14 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
         return m, m
     half = stats.t.ppf(0.5 + confidence / 2, df=x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
     return m - float(half), m + float(half)
+
+
+def compare_intervals(a: dict, b: dict) -> str:
+    """How result ``a`` stands against ``b``, each a dict with ``ci_low`` and ``ci_high``: "higher" or "lower"
+    only when the intervals do not overlap, else "overlapping". A claim that one beats, lowers or helps the
+    other is made only where this says so."""
+    if a["ci_low"] > b["ci_high"]:
+        return "higher"
+    if a["ci_high"] < b["ci_low"]:
+        return "lower"
+    return "overlapping"

@@ -1,23 +1,9 @@
-"""The LLM layer: load any model spec, score candidate strings, generate, and call remote endpoints."""
+"""The LLM layer: load any model spec (``load``), score candidate strings (``score``), generate (``generate``), share a
+prompt prefix (``prefix``), call remote endpoints through one fault policy (``backends``, ``faults``), serve a
+model (``serve``), embed instructions (``embed``), and KALM's grounded model (``grounded``, ``heads``).
 
-from llmrl.config.lora import LoraSettings
-from llmrl.llm.backends import (
-    Backend,
-    CachedBackend,
-    CacheMissError,
-    LocalBackend,
-    OpenAIChatBackend,
-    OpenAICompletionsBackend,
-    ReplyCache,
-    openai_backend,
-)
-from llmrl.llm.generate import Generation, SamplingConfig, generate
-from llmrl.llm.load import LLM, ModelSpecError, load_model, save_model
-from llmrl.llm.score import CandidateScores, ScoreOutput, score, score_naive, score_tensors
+Import from the module that defines a name: importing this package loads none of them, so a stage depends on the
+modules it uses and no other (dvc.yaml's deps are a stage's import closure).
+"""
 
-__all__ = [
-    "LLM", "Backend", "CachedBackend", "CacheMissError", "CandidateScores", "Generation", "LocalBackend",
-    "LoraSettings", "ModelSpecError", "OpenAIChatBackend", "OpenAICompletionsBackend", "ReplyCache",
-    "SamplingConfig", "ScoreOutput", "generate", "load_model", "openai_backend", "save_model", "score",
-    "score_naive", "score_tensors",
-]
+__all__: list[str] = []

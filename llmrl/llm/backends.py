@@ -14,16 +14,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from llmrl.files import atomic_path
+from llmrl.config.llm_faults import LLMFaultParams
+from llmrl.files import DamagedFileError, read_json, write_json
+from llmrl.llm.faults import FaultGuard, MalformedReplyError, llm_fault_types
 from llmrl.llm.generate import Generation, Prompt, SamplingConfig, generate, truncate_at_stop
 from llmrl.llm.load import LLM, render_chat, reply_tag
 from llmrl.llm.prefix import generate_shared_prefix
@@ -31,6 +34,8 @@ from llmrl.llm.prefix import generate_shared_prefix
 __all__ = ["Backend", "LocalBackend", "MalformedReplyError", "llm_fault_types", "OpenAIChatBackend",
            "OpenAICompletionsBackend", "openai_backend", "CacheMissError", "ReplyCache", "CachedBackend",
            "LazyBackend", "SharedPromptBackend"]
+
+log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
@@ -61,38 +66,28 @@ class LocalBackend:
         return generate(self.llm, list(prompts), sampling, batch_size=self.batch_size)
 
 
-class MalformedReplyError(ConnectionError):
-    """The endpoint answered, but not with a chat completion (an HTML page, an empty choice list): an LLM fault."""
-
-
-def llm_fault_types() -> tuple[type[BaseException], ...]:
-    """The exceptions that are faults of the LLM service, not of this program; callers take their fallback.
-
-    ``openai.APIError`` covers status errors (4xx/5xx, refusals by policy), connection errors and timeouts after
-    the client's own retries; ``httpx.HTTPError`` any other transport failure; ``TimeoutError`` /
-    ``ConnectionError`` (with ``MalformedReplyError``) the rest. A ``CacheMissError`` is not one: an offline run
-    missing a reply is a broken pipeline.
-    """
-    import httpx
-    import openai
-
-    return (TimeoutError, ConnectionError, openai.APIError, httpx.HTTPError)
-
-
 class _OpenAIClient:
     """The official ``openai`` client for one endpoint. The key is read from the environment variable
-    ``api_key_env`` only and never logged. Retries with exponential backoff on 429, 5xx, connection errors and
-    timeouts are the client's own (``max_retries``), which implements exactly that policy. The endpoint is not
-    part of ``model_id`` (nor of reply-cache keys): the same model served elsewhere replays the same cache."""
+    ``api_key_env`` only and never logged. Each request goes through ``guard.request`` (``llmrl.llm.faults``): its
+    attempts' timeouts, retries with backoff on transient failures and the deadline are the stage's fault policy,
+    so the client's own retries are off. Without a ``guard`` (a direct caller), one is made from ``timeout_s`` and
+    ``max_retries`` with no deadline. The endpoint is not part of ``model_id`` (nor of reply-cache keys): the same
+    model served elsewhere replays the same cache."""
 
-    def __init__(self, model: str, base_url: str, *, api_key_env: str = "OPENAI_API_KEY", max_retries: int = 5,
-                 timeout_s: float = 120.0):
+    def __init__(self, model: str, base_url: str, *, api_key_env: str = "OPENAI_API_KEY",
+                 guard: FaultGuard | None = None, timeout_s: float | None = None, max_retries: int | None = None):
         import openai
 
+        if guard is not None and (timeout_s is not None or max_retries is not None):
+            raise ValueError("timeout_s / max_retries come from the guard's policy when a guard is given")
+        if guard is None:
+            given = {k: v for k, v in (("timeout_s", timeout_s), ("max_retries", max_retries)) if v is not None}
+            guard = FaultGuard(LLMFaultParams(**given, deadline_s=None), f"openai backend {base_url}")
         self.model = model
         self.base_url = base_url
+        self.guard = guard
         key = os.environ.get(api_key_env) or "no-key"  # local servers need no key; the client wants a string
-        self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=max_retries, timeout=timeout_s)
+        self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=guard.policy.timeout_s)
 
     def _request(self, sampling: SamplingConfig, i: int) -> dict:
         kwargs = dict(model=self.model, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
@@ -101,7 +96,9 @@ class _OpenAIClient:
             kwargs["stop"] = list(sampling.stop)
         return kwargs
 
-    def _choice(self, resp):
+    def _create(self, endpoint, **kwargs):
+        """One completion request under the guard's policy; a body that is no completion is a fault."""
+        resp = self.guard.request(lambda timeout: endpoint.create(timeout=timeout, **kwargs))
         if not getattr(resp, "choices", None):
             raise MalformedReplyError(f"{self.base_url}: not a completion: {str(resp)[:120]!r}")
         usage = getattr(resp, "usage", None)
@@ -132,7 +129,7 @@ class OpenAIChatBackend(_OpenAIClient):
             prefix = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
             if prefix:
                 kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
-            choice, n_tokens = self._choice(self.client.chat.completions.create(messages=messages, **kwargs))
+            choice, n_tokens = self._create(self.client.chat.completions, messages=messages, **kwargs)
             text, _ = truncate_at_stop(choice.message.content or "", sampling.stop)
             repeated = bool(prefix.strip()) and text.lstrip().startswith(prefix.strip())
             if repeated:  # a new turn that wrote the prefix again
@@ -157,8 +154,7 @@ class OpenAICompletionsBackend(_OpenAIClient):
         out = []
         for i, prompt in enumerate(prompts):
             rendered = render_chat(self.tokenizer, prompt)
-            choice, n_tokens = self._choice(self.client.completions.create(prompt=rendered,
-                                                                           **self._request(sampling, i)))
+            choice, n_tokens = self._create(self.client.completions, prompt=rendered, **self._request(sampling, i))
             text, _ = truncate_at_stop(choice.text or "", sampling.stop)
             out.append(Generation(prompt=rendered, text=text, finish_reason=choice.finish_reason or "stop",
                                   n_tokens=n_tokens))
@@ -184,16 +180,21 @@ class CacheMissError(KeyError):
 class CacheStats:
     hits: int = 0
     misses: int = 0
+    damaged: list[str] = field(default_factory=list)  # entries that failed their checks, each also a miss
 
 
 class ReplyCache:
     """Replies on disk, one JSON file per key under ``root/<k[:2]>/<k>.json``; written atomically.
 
-    Keep ``root`` as a DVC-tracked output so every reply travels with ``dvc push``/``dvc pull``.
+    Each entry carries its checksum (``llmrl.files.write_json``) and the request it answers (model, messages,
+    sampling settings, position), which must hash to its key: a damaged entry, or one that answers another
+    request, is a miss recorded in ``damaged``, never a reply. Keep ``root`` as a DVC-tracked output so every
+    reply travels with ``dvc push``/``dvc pull``.
     """
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self.damaged: list[str] = []
 
     @staticmethod
     def key(model_id: str, prompt: Prompt, sampling: SamplingConfig, index: int) -> str:
@@ -212,29 +213,33 @@ class ReplyCache:
         path = self._path(key)
         if not path.is_file():
             return None
-        record = json.loads(path.read_text())
-        return Generation(**record["generation"])
+        try:
+            record = read_json(path)
+            request = {k: record[k] for k in ("model", "messages", "sampling", "index")}
+            if hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest() != key:
+                raise DamagedFileError(f"{path}: the request it records does not hash to its key")
+            return Generation(**record["generation"])
+        except (DamagedFileError, KeyError, TypeError) as err:
+            self.damaged.append(str(path))
+            log.warning("reply cache: %s is damaged, taken as a miss (%s)", path, err)
+            return None
 
-    def put(self, key: str, gen: Generation, *, model_id: str, prompt: Prompt, sampling: SamplingConfig) -> None:
-        record = {
-            "model": model_id,
-            "messages": as_messages(prompt),
-            "sampling": sampling.as_dict(),
-            "generation": gen.__dict__,
-        }
-        with atomic_path(self._path(key)) as tmp:
-            tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    def put(self, key: str, gen: Generation, *, model_id: str, prompt: Prompt, sampling: SamplingConfig,
+            index: int) -> None:
+        write_json(self._path(key), {"model": model_id, "messages": as_messages(prompt),
+                                     "sampling": sampling.as_dict(), "index": index, "generation": gen.__dict__})
 
 
 class CachedBackend:
-    """Serve replies from a ``ReplyCache``; ask the wrapped backend only for misses (never when ``offline``)."""
+    """Serve replies from a ``ReplyCache``; ask the wrapped backend only for misses (never when ``offline``).
+    ``stats`` counts hits and misses, and names the damaged entries that were taken as misses."""
 
     def __init__(self, backend: Backend, cache: ReplyCache, *, offline: bool = False):
         self.backend = backend
         self.cache = cache
         self.offline = offline
         self.model_id = backend.model_id
-        self.stats = CacheStats()
+        self.stats = CacheStats(damaged=cache.damaged)
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[Generation]:
         keys = [ReplyCache.key(self.model_id, p, sampling, i) for i, p in enumerate(prompts)]
@@ -243,13 +248,16 @@ class CachedBackend:
         self.stats.hits += len(prompts) - len(missing)
         self.stats.misses += len(missing)
         if missing and self.offline:
-            raise CacheMissError(f"offline reply cache {self.cache.root} has no reply for key {keys[missing[0]]}")
+            damaged = f" (damaged entries taken as misses: {self.stats.damaged})" if self.stats.damaged else ""
+            raise CacheMissError(f"offline reply cache {self.cache.root} has no reply for key "
+                                 f"{keys[missing[0]]}{damaged}")
         if missing:
             # The index is part of the key and of the per-prompt seed, so misses are generated at their
             # original positions: generate the whole call once and keep the missing ones.
             fresh = self.backend.generate(list(prompts), sampling)
             for i in missing:
-                self.cache.put(keys[i], fresh[i], model_id=self.model_id, prompt=prompts[i], sampling=sampling)
+                self.cache.put(keys[i], fresh[i], model_id=self.model_id, prompt=prompts[i], sampling=sampling,
+                               index=i)
                 results[i] = fresh[i]
         return results  # type: ignore[return-value]
 

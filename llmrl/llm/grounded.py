@@ -4,10 +4,16 @@ Layout as in KALM (arXiv 2404.09248, its code's ``modeling_llama`` wrapper):
 - placeholder tokens stand for vectors in the token sequence: state ``" #"``, action ``" @"``, target state ``" ^"``
   (a predicted next/final state outside a step sequence). They are single tokens in SmolLM2's and GPT-2's
   tokenizers, and sequences are built from token ids (``SequenceBuilder``), so they never merge with neighbours;
-- their input embeddings are replaced by ``LayerNorm(state_proj(normalised obs))`` / ``LayerNorm(action_proj(a))``
+- their input embeddings are replaced by ``LayerNorm(state_proj(encoded obs))`` / ``LayerNorm(action_proj(a))``
   (Linear for continuous actions, Embedding for discrete ones);
 - an observation head and an action head read the last hidden state beside the LM head and predict the vector
   of the *next* position (shifted by one, as the LM head predicts the next token).
+
+Observations pass through an ``ObsCodec``: continuous dims are normalised by the training data's mean and a
+floored scale (``observation_scale``: a dim that never varies in training must not be multiplied by 1/1e-3 when it
+varies later), and regressed with MSE; categorical fields (``GroundingSpec.obs_fields``, e.g. BabyAI's grid codes)
+enter as one-hot vectors, are predicted as logits with cross-entropy, and are decoded by argmax, so an imagined
+state holds exact codes that a success rule can test.
 Generation is step-wise with the KV cache: each imagined action or state is one appended embedding; the prefix is
 never re-encoded (``reuse_cache=False`` re-encodes it each step, only to measure the difference in bench/).
 This module knows no training loop (``llmrl.algos.kalm_grounding``) and no environment (``llmrl.algos.kalm_imagine``).
@@ -25,11 +31,12 @@ import torch
 from torch import nn
 
 from llmrl.config.lora import LoraSettings
-from llmrl.files import atomic_path, save_torch
+from llmrl.files import atomic_path, save_torch, verify_checksums, write_checksums
 from llmrl.llm.heads import NumericIO
 from llmrl.llm.load import LLM, load_model, stable_adapter_names
 
-__all__ = ["CONFIG_FILE", "PlaceholderError", "GroundingSpec", "TokenSequence", "collate", "GroundedLM", "trajectory_prompt",
+__all__ = ["CONFIG_FILE", "TEXT", "STATE", "ACTION", "PlaceholderError", "GroundingSpec", "ObsCodec",
+           "observation_scale", "TokenSequence", "collate", "GroundedLM", "trajectory_prompt", "reverse_prompt",
            "build_grounded"]
 
 PLACEHOLDERS = {"state": " #", "action": " @", "target": " ^"}
@@ -53,7 +60,124 @@ class GroundingSpec:
     base_model: str = "tiny"
     finetune: str = "lora"  # "lora" | "full"
     obs_mean: list[float] = field(default_factory=list)
-    obs_std: list[float] = field(default_factory=list)
+    obs_std: list[float] = field(default_factory=list)  # the scale continuous dims are divided by (floored)
+    obs_fields: list[list] = field(default_factory=list)  # categorical fields [first dim, classes, kind]
+
+
+def observation_scale(observations: np.ndarray, floor: float) -> tuple[list[float], list[float]]:
+    """(mean, scale) per dim for normalising continuous observations: scale = sqrt(std^2 + floor^2).
+
+    A dim that is constant in the training data gets scale ``floor`` instead of ~0, so a later state in which it
+    varies by d enters as d / floor (bounded) and the observation head can reach it with outputs of that size."""
+    if floor <= 0:
+        raise ValueError(f"observation_scale: floor must be > 0, got {floor}")
+    obs = np.asarray(observations, np.float64)
+    return obs.mean(0).tolist(), np.sqrt(obs.std(0) ** 2 + floor ** 2).tolist()
+
+
+class ObsCodec(nn.Module):
+    """Observation vectors <-> the model's observation features (module docstring).
+
+    Features: the continuous dims (every dim no categorical field covers), normalised, then each categorical field
+    as a one-hot block. ``encode`` builds inputs, ``loss`` scores head outputs against observations (MSE on the
+    normalised continuous dims + mean cross-entropy over fields), ``decode`` turns head outputs into observations.
+    """
+
+    def __init__(self, spec: GroundingSpec):
+        super().__init__()
+        d = spec.obs_dim
+        covered: set[int] = set()
+        groups: dict[tuple[int, str], list[int]] = {}
+        for start, classes, kind in spec.obs_fields:
+            if kind not in ("index", "onehot"):
+                raise ValueError(f"obs_fields: kind {kind!r}, expected 'index' or 'onehot'")
+            width = 1 if kind == "index" else int(classes)
+            dims = set(range(int(start), int(start) + width))
+            if dims & covered or max(dims) >= d:
+                raise ValueError(f"obs_fields: field at {start} overlaps another or leaves the {d} dims")
+            covered |= dims
+            groups.setdefault((int(classes), kind), []).append(int(start))
+        cont = [i for i in range(d) if i not in covered]
+        self.register_buffer("cont", torch.tensor(cont, dtype=torch.long), persistent=False)
+        mean = torch.tensor(spec.obs_mean, dtype=torch.float32) if spec.obs_mean else torch.zeros(d)
+        scale = torch.tensor(spec.obs_std, dtype=torch.float32) if spec.obs_std else torch.ones(d)
+        self.register_buffer("mean", mean)
+        self.register_buffer("scale", scale.clamp_min(1e-6))
+        offset = len(cont)
+        self.groups: list[tuple[int, str]] = []
+        for i, ((classes, kind), starts) in enumerate(sorted(groups.items())):
+            n = len(starts)
+            self.register_buffer(f"starts_{i}", torch.tensor(starts, dtype=torch.long), persistent=False)
+            self.register_buffer(f"feat_{i}", offset + torch.arange(n * classes).reshape(n, classes), persistent=False)
+            self.groups.append((classes, kind))
+            offset += n * classes
+        self.features = offset
+
+    @property
+    def categorical(self) -> bool:
+        return bool(self.groups)
+
+    def _group(self, i: int) -> tuple[int, str, torch.Tensor, torch.Tensor]:
+        classes, kind = self.groups[i]
+        return classes, kind, getattr(self, f"starts_{i}"), getattr(self, f"feat_{i}")
+
+    def _classes(self, obs: torch.Tensor, i: int) -> torch.Tensor:
+        """Class index of every field of group i: [..., n_fields]."""
+        classes, kind, starts, _ = self._group(i)
+        if kind == "index":
+            return obs[..., starts].round().long().clamp(0, classes - 1)
+        return obs[..., starts[:, None] + torch.arange(classes, device=obs.device)].argmax(-1)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        feats = obs.new_zeros((*obs.shape[:-1], self.features))
+        if len(self.cont):
+            feats[..., : len(self.cont)] = (obs[..., self.cont] - self.mean[self.cont]) / self.scale[self.cont]
+        for i in range(len(self.groups)):
+            classes, _kind, _starts, idx = self._group(i)
+            feats[..., idx] = nn.functional.one_hot(self._classes(obs, i), classes).to(feats.dtype)
+        return feats
+
+    def loss(self, pred: torch.Tensor, target_obs: torch.Tensor) -> torch.Tensor:
+        """MSE on the normalised continuous dims plus the mean cross-entropy over categorical fields."""
+        total = pred.new_zeros(())
+        if len(self.cont):
+            norm = (target_obs[..., self.cont] - self.mean[self.cont]) / self.scale[self.cont]
+            total = total + nn.functional.mse_loss(pred[..., : len(self.cont)], norm)
+        if self.groups:
+            ce, fields = pred.new_zeros(()), 0
+            for i in range(len(self.groups)):
+                classes, _kind, _starts, idx = self._group(i)
+                logits = pred[..., idx]  # [N, n_fields, classes]
+                ce = ce + nn.functional.cross_entropy(logits.reshape(-1, classes),
+                                                      self._classes(target_obs, i).reshape(-1), reduction="sum")
+                fields += logits.shape[:-1].numel()
+            total = total + ce / fields
+        return total
+
+    def accuracy(self, pred: torch.Tensor, target_obs: torch.Tensor) -> torch.Tensor:
+        """Share of categorical fields whose argmax is the target class (nan without fields)."""
+        if not self.groups:
+            return pred.new_tensor(float("nan"))
+        hits, n = 0.0, 0
+        for i in range(len(self.groups)):
+            _classes, _kind, _starts, idx = self._group(i)
+            ok = pred[..., idx].argmax(-1) == self._classes(target_obs, i)
+            hits, n = hits + float(ok.sum()), n + ok.numel()
+        return pred.new_tensor(hits / n)
+
+    def decode(self, pred: torch.Tensor) -> torch.Tensor:
+        obs = pred.new_zeros((*pred.shape[:-1], self.mean.shape[0]))
+        if len(self.cont):
+            obs[..., self.cont] = pred[..., : len(self.cont)] * self.scale[self.cont] + self.mean[self.cont]
+        for i in range(len(self.groups)):
+            classes, kind, starts, idx = self._group(i)
+            cls = pred[..., idx].argmax(-1)
+            if kind == "index":
+                obs[..., starts] = cls.to(obs.dtype)
+            else:
+                obs[..., starts[:, None] + torch.arange(classes, device=obs.device)] = \
+                    nn.functional.one_hot(cls, classes).to(obs.dtype)
+        return obs
 
 
 @dataclass
@@ -174,12 +298,8 @@ class GroundedLM(nn.Module):
         self.lm_head = base.get_output_embeddings()
         self.token_embed = base.get_input_embeddings()
         H = base.config.hidden_size
-        d, ad = spec.obs_dim, spec.action_dim
-        self.io = NumericIO(d, ad, spec.discrete, H)
-        mean = torch.tensor(spec.obs_mean, dtype=torch.float32) if spec.obs_mean else torch.zeros(d)
-        std = torch.tensor(spec.obs_std, dtype=torch.float32) if spec.obs_std else torch.ones(d)
-        self.register_buffer("obs_mean", mean)
-        self.register_buffer("obs_std", std.clamp_min(1e-3))
+        self.codec = ObsCodec(spec).to(llm.device)
+        self.io = NumericIO(self.codec.features, spec.action_dim, spec.discrete, H)
         self.grounding_modules().to(device=llm.device, dtype=torch.float32)
 
     # ---- parts ---------------------------------------------------------------------------------------------
@@ -188,23 +308,37 @@ class GroundedLM(nn.Module):
 
     def grounding_state(self) -> dict[str, torch.Tensor]:
         state = {k: v.detach().cpu() for k, v in self.grounding_modules().state_dict().items()}
-        state["obs_mean"], state["obs_std"] = self.obs_mean.cpu(), self.obs_std.cpu()
+        state["obs_mean"], state["obs_std"] = self.codec.mean.cpu(), self.codec.scale.cpu()
         return state
-
-    def normalise(self, obs: torch.Tensor) -> torch.Tensor:
-        return (obs - self.obs_mean) / self.obs_std
-
-    def denormalise(self, z: torch.Tensor) -> torch.Tensor:
-        return z * self.obs_std + self.obs_mean
 
     def embed(self, ids, kind, obs, act) -> torch.Tensor:
         """Token embeddings with every STATE/ACTION placeholder replaced by its projected vector."""
         e = self.token_embed(ids)
-        s = self.io.embed_ln(self.io.state_proj(self.normalise(obs)))
+        s = self.io.embed_ln(self.io.state_proj(self.codec.encode(obs)))
         a = self.io.embed_ln(self.io.action_proj(act.clamp(0, self.spec.action_dim - 1) if self.spec.discrete
                                            else act))
         k = kind.unsqueeze(-1)
         return torch.where(k == STATE, s.to(e.dtype), torch.where(k == ACTION, a.to(e.dtype), e))
+
+    def step_embeds(self, batch: int, *, action: torch.Tensor | None = None,
+                    state: torch.Tensor | None = None) -> torch.Tensor:
+        """The placeholders one step appends to every row of a batch: the action a_t (``batch`` discrete ids or
+        ``[batch, A]`` continuous values), then the state s_{t+1} (``[batch, d]``), either alone or both in one
+        block (imagination appends them one forward pass apart, acting in a real environment together)."""
+        dev = self.llm.device
+        slots = [(name, kind) for name, kind, value in (("action", ACTION, action), ("state", STATE, state))
+                 if value is not None]
+        n = len(slots)
+        ids = torch.tensor([[self.builder.placeholder_ids[name] for name, _ in slots]], device=dev).expand(batch, n)
+        kind = torch.tensor([[k for _, k in slots]], device=dev).expand(batch, n)
+        acts = torch.zeros((batch, n), dtype=torch.long, device=dev) if self.spec.discrete else \
+            torch.zeros((batch, n, self.spec.action_dim), device=dev)
+        obs = torch.zeros((batch, n, self.spec.obs_dim), device=dev)
+        if action is not None:
+            acts[:, 0] = action.long().reshape(batch) if self.spec.discrete else action.float().reshape(batch, -1)
+        if state is not None:
+            obs[:, n - 1] = state.float().reshape(batch, -1)
+        return self.embed(ids, kind, obs, acts)
 
     def hidden(self, embeds, mask, *, past=None, position_ids=None):
         if position_ids is None:
@@ -217,7 +351,8 @@ class GroundedLM(nn.Module):
 
     # ---- training --------------------------------------------------------------------------------------------
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """obs_loss (MSE on normalised obs), act_loss (MSE or CE), token_loss (CE); zero where a batch has none."""
+        """obs_loss (``ObsCodec.loss``), act_loss (MSE or CE), token_loss (CE); zero where a batch has none;
+        obs_accuracy (share of categorical fields predicted exactly, detached) when the codec has fields."""
         dev = self.llm.device
         b = {k: v.to(dev) for k, v in batch.items()}
         h = self.hidden(self.embed(b["ids"], b["kind"], b["obs"], b["act"]), b["mask"])[0]
@@ -226,7 +361,10 @@ class GroundedLM(nn.Module):
         losses = {}
         if o_mask.any():
             pred = self.io.obs_head(h_prev[o_mask].float())
-            losses["obs_loss"] = nn.functional.mse_loss(pred, self.normalise(b["obs"][:, 1:][o_mask]))
+            target = b["obs"][:, 1:][o_mask]
+            losses["obs_loss"] = self.codec.loss(pred, target)
+            if self.codec.categorical:
+                losses["obs_accuracy"] = self.codec.accuracy(pred.detach(), target)
         else:
             losses["obs_loss"] = zero
         if a_mask.any():
@@ -284,17 +422,13 @@ class GroundedLM(nn.Module):
         acts, nexts = [], []
         lengths = np.full(B, steps, np.int64)
         done = np.zeros(B, bool)
-        act_id = self.builder.placeholder_ids["action"]
-        state_id = self.builder.placeholder_ids["state"]
         for t in range(steps):
             a = self._action_out(h[:, -1], greedy, temperature, generator)
-            a_in = a if self.spec.discrete else a.float()
-            e_a = self.embed(torch.full((B, 1), act_id, device=dev), torch.full((B, 1), ACTION, device=dev),
-                             torch.zeros((B, 1, self.spec.obs_dim), device=dev), a_in.unsqueeze(1))
+            e_a = self.step_embeds(B, action=a)
             mask = torch.cat([mask, ones], 1)
             all_embeds = torch.cat([all_embeds, e_a], 1)
             h, past = self._run(e_a if reuse_cache else all_embeds, mask, past, reuse_cache)
-            s_next = self.denormalise(self.io.obs_head(h[:, -1].float()))
+            s_next = self.codec.decode(self.io.obs_head(h[:, -1].float()))
             acts.append(a.cpu().numpy())
             nexts.append(s_next.cpu().numpy())
             if stop is not None:
@@ -305,14 +439,39 @@ class GroundedLM(nn.Module):
                     break
             if t + 1 == steps:
                 break
-            dummy_act = torch.zeros((B, 1), dtype=torch.long, device=dev) if self.spec.discrete else \
-                torch.zeros((B, 1, self.spec.action_dim), device=dev)
-            e_s = self.embed(torch.full((B, 1), state_id, device=dev), torch.full((B, 1), STATE, device=dev),
-                             s_next.unsqueeze(1), dummy_act)
+            e_s = self.step_embeds(B, state=s_next)
             mask = torch.cat([mask, ones], 1)
             all_embeds = torch.cat([all_embeds, e_s], 1)
             h, past = self._run(e_s if reuse_cache else all_embeds, mask, past, reuse_cache)
         return np.stack(acts, 1), np.stack(nexts, 1), lengths
+
+    @torch.no_grad()
+    def instruction_logprobs(self, obs: np.ndarray, actions: np.ndarray, final_obs: np.ndarray,
+                             candidates: Sequence[str], states: int) -> np.ndarray:
+        """Mean log-probability per token of each candidate instruction (its text and the end-of-sequence token)
+        after the trajectory -> instruction prompt of one trajectory (``reverse_prompt``): [len(candidates)].
+
+        The prompt runs once; its KV cache is repeated for the candidates, which run as one right-padded batch."""
+        self.eval()
+        dev = self.llm.device
+        prompt = reverse_prompt(self.builder, obs, actions, final_obs, states).build()
+        b = {k: v.to(dev) for k, v in collate([prompt], self.llm.tokenizer.pad_token_id).items()}
+        past = _new_cache()
+        h, past = self.hidden(self.embed(b["ids"], b["kind"], b["obs"], b["act"]), b["mask"], past=past)
+        tok = self.llm.tokenizer
+        conts = [tok(" " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in candidates]
+        K, Lc = len(conts), max(len(c) for c in conts)
+        ids = torch.full((K, Lc), tok.pad_token_id, dtype=torch.long, device=dev)
+        cmask = torch.zeros((K, Lc), dtype=torch.long, device=dev)
+        for i, c in enumerate(conts):
+            ids[i, : len(c)] = torch.tensor(c, device=dev)
+            cmask[i, : len(c)] = 1
+        past.batch_repeat_interleave(K)
+        mask = torch.cat([b["mask"].expand(K, -1), cmask], 1)
+        hc, _ = self.hidden(self.token_embed(ids), mask, past=past)
+        inputs = torch.cat([h[:, -1:].expand(K, 1, -1), hc[:, :-1]], 1)  # position i predicts continuation token i
+        logp = torch.log_softmax(self.lm_head(inputs).float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return ((logp * cmask).sum(1) / cmask.sum(1)).cpu().numpy()
 
     def _run(self, embeds, mask, past, reuse_cache):
         if reuse_cache:
@@ -343,17 +502,10 @@ class GroundedLM(nn.Module):
         past, mask = state
         dev = self.llm.device
         B = mask.shape[0]
-        a = torch.as_tensor(np.asarray(actions), device=dev)
-        acts = torch.zeros((B, 2), dtype=torch.long, device=dev) if self.spec.discrete else \
-            torch.zeros((B, 2, self.spec.action_dim), device=dev)
-        acts[:, 0] = a.long().reshape(B) if self.spec.discrete else a.float().reshape(B, -1)
-        obs_t = torch.zeros((B, 2, self.spec.obs_dim), device=dev)
-        obs_t[:, 1] = torch.as_tensor(np.asarray(obs, np.float32), device=dev).reshape(B, -1)
-        ids = torch.tensor([[self.builder.placeholder_ids["action"], self.builder.placeholder_ids["state"]]],
-                           device=dev).expand(B, 2)
-        kind = torch.tensor([[ACTION, STATE]], device=dev).expand(B, 2)
+        e = self.step_embeds(B, action=torch.as_tensor(np.asarray(actions), device=dev),
+                             state=torch.as_tensor(np.asarray(obs, np.float32), device=dev))
         mask = torch.cat([mask, mask.new_ones((B, 2))], 1)
-        h, past = self.hidden(self.embed(ids, kind, obs_t, acts), mask, past=past)
+        h, past = self.hidden(e, mask, past=past)
         return (past, mask), h[:, -1]
 
     @staticmethod
@@ -372,7 +524,8 @@ class GroundedLM(nn.Module):
 
     # ---- persistence -----------------------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> None:
-        """Adapter (or full weights) + projections/heads + spec, written atomically into ``out_dir``."""
+        """Adapter (or full weights) + projections/heads + spec, and their checksums (``SHA256SUMS``, checked by
+        ``load``), written atomically into ``out_dir``."""
         with atomic_path(out_dir, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
             if self.spec.finetune == "lora":
@@ -383,6 +536,7 @@ class GroundedLM(nn.Module):
                 self.llm.tokenizer.save_pretrained(tmp / FULL_DIR)
             save_torch(self.grounding_state(), tmp / HEADS_FILE)
             (tmp / CONFIG_FILE).write_text(json.dumps(asdict(self.spec), indent=1), encoding="utf-8")
+            write_checksums(tmp)
 
     @classmethod
     def load(cls, model_dir: str | Path, *, base_model: str | None = None, device: str | None = "cpu",
@@ -392,6 +546,7 @@ class GroundedLM(nn.Module):
         cfg_path = model_dir / CONFIG_FILE
         if not cfg_path.is_file():
             raise FileNotFoundError(f"{model_dir}: no {CONFIG_FILE} (not a grounded model folder)")
+        verify_checksums(model_dir)  # a damaged file is a DamagedFileError naming it, before anything is parsed
         spec = GroundingSpec(**json.loads(cfg_path.read_text(encoding="utf-8")))
         if spec.finetune == "lora":
             from peft import PeftModel
@@ -404,11 +559,23 @@ class GroundedLM(nn.Module):
         llm.model.requires_grad_(False)
         model = cls(llm, spec)
         state = torch.load(model_dir / HEADS_FILE, map_location=llm.device, weights_only=True)
-        model.obs_mean.copy_(state.pop("obs_mean"))
-        model.obs_std.copy_(state.pop("obs_std"))
+        model.codec.mean.copy_(state.pop("obs_mean"))
+        model.codec.scale.copy_(state.pop("obs_std"))
         model.grounding_modules().load_state_dict(state)
         model.eval()
         return model
+
+
+def reverse_prompt(builder: SequenceBuilder, obs: np.ndarray, actions: np.ndarray, final_obs: np.ndarray,
+                   states: int) -> SequenceBuilder:
+    """The trajectory -> instruction prompt (grounding pattern 4) up to the instruction text: ``Trajectory:``, then
+    ``states`` evenly spaced (s_t, a_t) pairs (first and last included), the final state and ``\nInstruction:``."""
+    T = len(obs)
+    keep = np.unique(np.linspace(0, T - 1, min(T, states)).round().astype(int))
+    builder.text("Trajectory:")
+    for t in keep:
+        builder.state(obs[t]).action(actions[t])
+    return builder.state(final_obs).text("\nInstruction:")
 
 
 def _new_cache():

@@ -19,14 +19,16 @@ def mlp_head(hidden: int, out: int, width: int = 1024) -> nn.Sequential:
 
 
 class NumericIO(nn.Module):
-    """KALM's numeric input/output layers around an LM of width ``hidden``: a state projection (obs_dim -> hidden),
-    an action projection (an embedding table for discrete actions, a linear map otherwise), a LayerNorm on the
-    projected inputs, and observation / action heads (hidden -> obs_dim, hidden -> action_dim)."""
+    """KALM's numeric input/output layers around an LM of width ``hidden``: a state projection (observation
+    features -> hidden), an action projection (an embedding table for discrete actions, a linear map otherwise), a
+    LayerNorm on the projected inputs, and observation / action heads (hidden -> observation features,
+    hidden -> action_dim). ``obs_features`` is the width of the encoded observation (normalised continuous dims
+    and one-hot categorical fields, ``llmrl.llm.grounded.ObsCodec``)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: int):
+    def __init__(self, obs_features: int, action_dim: int, discrete: bool, hidden: int):
         super().__init__()
-        self.state_proj = nn.Linear(obs_dim, hidden)
+        self.state_proj = nn.Linear(obs_features, hidden)
         self.action_proj = nn.Embedding(action_dim, hidden) if discrete else nn.Linear(action_dim, hidden)
         self.embed_ln = nn.LayerNorm(hidden)
-        self.obs_head = nn.Linear(hidden, obs_dim)
+        self.obs_head = nn.Linear(hidden, obs_features)
         self.act_head = nn.Linear(hidden, action_dim)

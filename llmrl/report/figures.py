@@ -22,6 +22,10 @@ def curve_svg(plot: CurvePlot) -> str:
         for s in plot.series:
             first = s.label not in colours
             colours.setdefault(s.label, f"C{len(colours) % 10}")
+            if s.markers_only:
+                ax.plot(s.x, s.y, color=colours[s.label], label=s.label if first else "_nolegend_", linestyle="none",
+                        marker="x", markersize=6)
+                continue
             ax.plot(s.x, s.y, color=colours[s.label], label=s.label if first else "_nolegend_", linewidth=1.3,
                     alpha=0.8, marker="o" if len(s.x) <= 8 else None, markersize=3)
         ax.set_xlabel(plot.xlabel)

@@ -19,9 +19,9 @@ Modules: ``describe`` (observation → text), ``prompts`` (prompt, reply parsing
    failures counted — never a ``None`` plan. Any other exception (a programming error, or an offline cache
    miss ``CacheMissError``) propagates and fails the stage. The model behind the backend is created lazily
    (``llmrl.llm.backends.LazyBackend``): a fully cached or oracle run touches no model. ``plan_texts``
-   bounds a whole planning pass: once the error replies exceed ``max_error_rate`` of the replies it will ask
-   for, or the deadline passes, it raises ``LLMOutageError``, so an outage fails the stage instead of
-   becoming the cached teacher.
+   plans a pass under the stage's fault policy (``llmrl.llm.faults.FaultGuard``): once the failed replies
+   exceed its share of the replies the pass plans, or its deadline passes, ``LLMOutageError`` (defined in the
+   LLM layer, re-exported here) fails the stage instead of the outage becoming the cached teacher.
 3. ``OraclePlanner`` answers the same texts with hand-written rules, to separate planner quality from
    distillation quality. ``ScoringPlanner`` asks no sampled replies: it scores each plan of
    ``admissible_plans(kind, text)`` under the LLM (summed log-prob of the bracketed plan after the answer

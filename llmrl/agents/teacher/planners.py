@@ -6,9 +6,8 @@ stored distributions; ``plan_texts`` bounds a whole planning pass."""
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import numpy as np
@@ -16,7 +15,8 @@ import numpy as np
 from llmrl.agents.teacher.describe import TaskKind
 from llmrl.agents.teacher.prompts import (FALLBACK_PLAN, PROMPTS, PlanDistribution, PlanReply, canonical_plan,
                                           parse_reply, validate_plan)
-from llmrl.llm.backends import Backend, CacheMissError, llm_fault_types
+from llmrl.llm.backends import Backend, CacheMissError
+from llmrl.llm.faults import FaultGuard, LLMOutageError, llm_fault_types
 from llmrl.llm.generate import SamplingConfig
 
 __all__ = ["OraclePlanner", "oracle_plan", "admissible_plans", "planner_messages", "LLM_FAULTS", "LLMPlanner",
@@ -225,32 +225,16 @@ class TablePlanner:
         return self.table[text]
 
 
-class LLMOutageError(RuntimeError):
-    """The LLM failed too often (or too slowly) for its plans to stand for the teacher."""
-
-
-def plan_texts(planner: LLMPlanner, texts: Sequence[str], *, max_error_rate: float, deadline_s: float | None,
-               clock: Callable[[], float] = time.monotonic) -> dict[str, PlanDistribution]:
-    """Each text's plan distribution, or ``LLMOutageError`` as soon as the outcome is an outage.
-
-    Fails fast: once the error replies exceed ``max_error_rate`` of all the replies this pass will ask for
-    (``len(texts) * n_ask``), no later text can bring the rate back under it. ``deadline_s`` bounds the whole
-    pass (checked after every text; one text is bounded by the backend's own timeout and retries).
-    """
-    start, planned = clock(), len(texts) * planner.n_ask
-    out = {}
-    for text in texts:
-        out[text] = planner.plan(text)
-        errors = sum(d.n_error for d in planner.memo.values())
-        if errors > max_error_rate * planned:
-            first = next(r for rec in planner.records for r in rec["replies"] if r["kind"] == "error")
-            raise LLMOutageError(
-                f"llm4teach.teacher.max_error_rate: {errors} of {planned} planned replies failed already (> "
-                f"{max_error_rate:.0%}; first: {first['raw']}); the stage writes nothing")
-        if deadline_s is not None and clock() - start > deadline_s:
-            raise LLMOutageError(f"llm4teach.teacher.deadline_s: planning passed {deadline_s:.0f} s after "
-                                 f"{len(out)} of {len(texts)} texts; the stage writes nothing")
-    return out
+def plan_texts(planner: LLMPlanner, texts: Sequence[str], guard: FaultGuard | None = None
+               ) -> dict[str, PlanDistribution]:
+    """Each text's plan distribution. With ``guard`` (the one behind the planner's backend: ``GuardedBackend``)
+    the pass plans ``len(texts) * n_ask`` requests, so the guard fails it with ``LLMOutageError`` as soon as the
+    failed replies exceed the policy's share of them, or the deadline passes; a fault within the share stays an
+    error record of its text, which takes the fallback plan."""
+    texts = list(texts)
+    if guard is not None:
+        guard.expect(len(texts) * planner.n_ask)
+    return {text: planner.plan(text) for text in texts}
 
 
 Planner = OraclePlanner | LLMPlanner | ScoringPlanner | TablePlanner

@@ -16,11 +16,13 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from llmrl.config.llm_rl import MathDataParams
 from llmrl.envs.word_problems.answers import ANSWER_PHRASE, last_boxed, normalize_answer
-from llmrl.files import atomic_path
+from llmrl.envs.word_problems.generator import generated_splits
+from llmrl.files import atomic_path, verify_checksums
 
-__all__ = ["MathDataError", "normalize_gsm8k", "normalize_math", "gsm_symbolic_splits", "read_records", "load_hub",
-           "normalize", "check_disjoint", "write_jsonl", "read_jsonl"]
+__all__ = ["MathDataError", "HUB", "normalize_gsm8k", "normalize_math", "gsm_symbolic_splits", "read_records",
+           "load_hub", "normalize", "problem_splits", "check_disjoint", "write_jsonl", "read_jsonl"]
 
 FIELDS = ("id", "problem", "solution", "answer")
 
@@ -147,6 +149,38 @@ def normalize(records: Iterable[dict], kind: str, prefix: str) -> list[dict]:
     return [fn(r, str(r.get("id", f"{prefix}-{i}"))) for i, r in enumerate(records)]
 
 
+# The real sources on the hub: the data set and the configs whose records are concatenated (MathDataParams.hub_name
+# and hub_configs override them).
+HUB = {"gsm8k": ("openai/gsm8k", ["main"]),
+       "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
+                                              "intermediate_algebra", "number_theory", "prealgebra", "precalculus"])}
+
+
+def problem_splits(p: MathDataParams, root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """LLM_RL's train and test problems from the source ``p`` names: the embedded generator, reasoning-gym's
+    gsm_symbolic templates, or GSM8K / MATH from local files (``p.train_path``, ``p.test_path``, relative to
+    ``root``) or the hub. A real set's train split is shuffled by ``p.seed`` (its first items become the few-shot
+    examples), then both are cut to ``p.n_train`` and ``p.n_test``; the splits are checked disjoint."""
+    if p.source == "generated":
+        train, test = generated_splits(p.n_train, p.n_test, p.seed, p.two_step_fraction, p.max_number)
+    elif p.source == "gsm_symbolic":
+        train, test = gsm_symbolic_splits(p.n_train, p.n_test, p.seed, p.test_templates)
+    else:
+        def split(name: str, path: str | None) -> list[dict]:
+            if path is not None:
+                return normalize(read_records(Path(root) / path), p.source, f"{p.source}-{name}")
+            hub, configs = HUB[p.source]
+            hub, configs = p.hub_name or hub, p.hub_configs or configs
+            records = [r for config in configs for r in load_hub(hub, config, name)]
+            return normalize(records, p.source, f"{p.source}-{name}")
+
+        train, test = split("train", p.train_path), split("test", p.test_path)
+        random.Random(p.seed).shuffle(train)
+        train, test = train[: p.n_train], test[: p.n_test]
+    check_disjoint(train, test)
+    return train, test
+
+
 def check_disjoint(train: Sequence[dict], test: Sequence[dict]) -> None:
     """Raise if any test problem (by id or by whitespace-normalised text) also appears in train."""
     def text(r: dict) -> str:
@@ -166,7 +200,12 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Common-format records; raises ``MathDataError`` naming the file, line and missing field."""
+    """Common-format records; raises ``MathDataError`` naming the file, line and missing field. A file whose
+    folder carries a ``SHA256SUMS`` manifest (the llm_rl_data stage's) is checked against it first: a damaged file
+    is a ``DamagedFileError`` naming it."""
+    path = Path(path)
+    if path.is_file():
+        verify_checksums(path.parent, [path.name], required=False)
     records = read_records(path)
     for n, r in enumerate(records, 1):
         missing = [k for k in FIELDS if k not in r]

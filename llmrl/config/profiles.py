@@ -1,0 +1,80 @@
+"""A whole parameter set (params.yaml, study/params.yaml, any composed profile), validated section by section by
+the same models the stages use, and the tiers a method's section can come from (``conf/<method>/<tier>.yaml``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import Field
+
+from llmrl.config import (TIER_HELP, BaseLLMParams, DemosParams, EvalBaselinesParams, ParamsError, Section, TierName,
+                          load_section)
+from llmrl.config.glam import GlamParams
+from llmrl.config.kalm import (KalmDataParams, KalmEnvParams, KalmEvalParams, KalmGroundParams, KalmImagineParams,
+                               KalmOfflineParams)
+from llmrl.config.llm4teach import LLM4TeachParams
+from llmrl.config.llm_rl import MathDataParams, MathEvalParams, ReinforceTrainParams
+from llmrl.config.props import PropsParams
+from llmrl.config.report import ReportParams
+
+__all__ = ["KalmParams", "LLMRLParams", "SECTIONS", "validate_params", "compose"]
+
+
+class KalmParams(Section):
+    """The whole ``kalm:`` section of a profile."""
+
+    tier: TierName = Field("default", description=TIER_HELP)
+    env: KalmEnvParams = Field(default_factory=KalmEnvParams, description="horizons and the BabyAI room")
+    data: KalmDataParams = Field(default_factory=KalmDataParams, description="offline data (stage kalm_data)")
+    ground: KalmGroundParams = Field(default_factory=KalmGroundParams, description="grounding (stage kalm_ground)")
+    imagine: KalmImagineParams = Field(default_factory=KalmImagineParams, description="imagined rollouts (stage "
+                                       "kalm_imagine)")
+    offline: KalmOfflineParams = Field(description="offline RL (stage kalm_offline)")
+    eval: KalmEvalParams = Field(default_factory=KalmEvalParams, description="evaluation (stage kalm_eval)")
+
+
+class LLMRLParams(Section):
+    """The whole ``llm_rl:`` section of a profile."""
+
+    tier: TierName = Field("default", description=TIER_HELP)
+    data: MathDataParams = Field(default_factory=MathDataParams, description="problems (stage llm_rl_data)")
+    train: ReinforceTrainParams = Field(default_factory=ReinforceTrainParams, description="both variants (stage "
+                                        "llm_rl_train)")
+    eval: MathEvalParams = Field(default_factory=MathEvalParams, description="evaluation (stage llm_rl_eval)")
+
+
+#: Every top-level section of a parameter set and its model.
+SECTIONS: dict[str, type[Section]] = {
+    "base_llm": BaseLLMParams, "demos": DemosParams, "eval_baselines": EvalBaselinesParams,
+    "llm_rl": LLMRLParams, "glam": GlamParams, "llm4teach": LLM4TeachParams, "kalm": KalmParams,
+    "props": PropsParams, "report": ReportParams,
+}
+
+
+def validate_params(params: dict[str, Any]) -> dict[str, Section]:
+    """Every section validated; ``ParamsError`` names every missing, unknown or invalid section and key."""
+    errors, out = [], {}
+    for name in sorted(set(SECTIONS) | set(params)):
+        if name not in SECTIONS:
+            errors.append(f"{name}: unknown section")
+            continue
+        try:
+            out[name] = load_section(params, name, SECTIONS[name])
+        except ParamsError as err:
+            errors.append(str(err))
+    if errors:
+        raise ParamsError("\n".join(errors))
+    return out
+
+
+def compose(conf_dir: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The parameter set Hydra composes from ``conf_dir`` (its ``config.yaml``) with ``overrides`` such as
+    ``["kalm=study", "kalm.eval.seed=20100"]``, as plain data (what ``dvc exp run -S ...`` writes to params.yaml)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(os.path.abspath(conf_dir)), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,112 @@
+"""The flow's parts below the flow itself (issue 36, item 4): worker clones and taking their results back
+(``pipelines.clones``) and DVC as a subprocess (``pipelines.dvc_run``). The toy-DAG runs in tests/test_pipeline.py
+exercise them together; these check each on its own."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import yaml
+
+from pipelines.clones import adopt_lock_entry, forget_recorded_outs, slot_lock, sync_clone, workspace_overlay
+from pipelines.dvc_run import dvc, stage_env, tail
+
+from .test_pipeline import _dvc, _git
+
+LOCK = {"schema": "2.0", "stages": {
+    "a": {"cmd": "make a", "deps": [{"path": "x", "md5": "1"}], "outs": [{"path": "a.txt", "md5": "2"}]},
+    "b": {"cmd": "make b", "outs": [{"path": "b.txt", "md5": "3"}]},
+}}
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "kept.txt").write_text("kept\n")
+    (root / "gone.txt").write_text("gone\n")
+    (root / "ignored.log").write_text("ignored\n")
+    (root / ".gitignore").write_text("*.log\n")
+    _git("init", "-q", cwd=root)
+    _dvc("init", "-q", cwd=root)
+    _git("add", "-A", cwd=root)
+    _git("commit", "-qm", "base", cwd=root)
+    return root
+
+
+def test_a_clone_holds_the_workspace_files_as_git_sees_them(workspace, tmp_path):
+    clone = tmp_path / "clone"
+    sync_clone(workspace, clone)
+    assert (clone / "kept.txt").read_text() == "kept\n" and not (clone / "ignored.log").exists()
+    assert "dir = " in (clone / ".dvc" / "config.local").read_text()  # this workspace's cache, shared
+    # uncommitted edits, new files and deletions all reach the clone on the next sync
+    (workspace / "kept.txt").write_text("edited\n")
+    (workspace / "new.txt").write_text("new\n")
+    (workspace / "gone.txt").unlink()
+    sync_clone(workspace, clone)
+    assert (clone / "kept.txt").read_text() == "edited\n" and (clone / "new.txt").read_text() == "new\n"
+    assert not (clone / "gone.txt").exists()
+    with pytest.raises(ValueError, match="'team' is not a DVC remote"):
+        sync_clone(workspace, clone, remote="team")
+
+
+def test_the_overlay_carries_a_commit_and_its_uncommitted_changes(workspace):
+    (workspace / "kept.txt").write_text("edited\n")
+    (workspace / "gone.txt").unlink()
+    (workspace / "new.txt").write_text("new\n")
+    commit, files = workspace_overlay(workspace)
+    assert len(commit) == 40
+    assert files["gone.txt"] is None and set(files) == {"kept.txt", "gone.txt", "new.txt"}
+
+
+def test_lock_entries_are_adopted_and_forgotten_one_stage_at_a_time(tmp_path):
+    root, clone = tmp_path / "root", tmp_path / "clone"
+    root.mkdir()
+    clone.mkdir()
+    (root / "dvc.lock").write_text(yaml.safe_dump(LOCK, sort_keys=False))
+    theirs = yaml.safe_load(yaml.safe_dump(LOCK))
+    theirs["stages"]["a"]["outs"][0]["md5"] = "9"
+    theirs["stages"]["c"] = {"cmd": "make c"}
+    (clone / "dvc.lock").write_text(yaml.safe_dump(theirs, sort_keys=False))
+    adopt_lock_entry(root, clone, "a")
+    adopt_lock_entry(root, clone, "c")
+    ours = yaml.safe_load((root / "dvc.lock").read_text())
+    assert ours["stages"]["a"]["outs"][0]["md5"] == "9" and ours["stages"]["b"] == LOCK["stages"]["b"]
+    assert list(ours["stages"]) == ["a", "b", "c"]  # a new entry is appended, as DVC appends one
+    forget_recorded_outs(root, "b")
+    ours = yaml.safe_load((root / "dvc.lock").read_text())
+    assert "outs" not in ours["stages"]["b"] and ours["stages"]["a"]["outs"][0]["md5"] == "9"
+    forget_recorded_outs(root, "unknown")  # nothing to forget: the file stays as it is
+    assert yaml.safe_load((root / "dvc.lock").read_text()) == ours
+
+
+def test_concurrent_runs_take_distinct_slots(tmp_path):
+    held, release = [], threading.Event()
+
+    def run():
+        with slot_lock(tmp_path) as slot:
+            held.append(slot)
+            release.wait(5)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while len(held) < 3:
+        pass
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert sorted(held) == [0, 1, 2]
+    with slot_lock(tmp_path) as slot:  # all free again
+        assert slot == 0
+
+
+def test_a_progress_bar_keeps_its_last_state_in_the_log():
+    assert tail("step 1\rstep 2\rstep 3\ndone\n") == "step 3\ndone\n"
+    assert tail("x" * 10, limit=4) == "xxxx"
+
+
+def test_a_failing_dvc_command_names_itself_and_its_output(tmp_path):
+    with pytest.raises(RuntimeError, match=r"`dvc status` in .* failed \(exit"):
+        dvc(["status"], tmp_path, stage_env())  # not a DVC repository

@@ -1,0 +1,84 @@
+"""Tiers: every method's default, study and paper profile composes from conf/ and validates with the stages' own
+models; params.yaml and the study's files are what conf/ and dvc.yaml give; the study pipeline is apart."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from llmrl.config import ParamsError
+from llmrl.config.profiles import SECTIONS, validate_params
+from pipelines import tiers
+
+from .conftest import ROOT
+
+
+@pytest.mark.parametrize("tier", tiers.TIERS)
+@pytest.mark.parametrize("method", tiers.METHODS)
+def test_every_profile_composes_and_validates(method, tier):
+    params = tiers.compose([f"{method}={tier}"])
+    assert set(params) == set(SECTIONS)
+    sections = validate_params(params)
+    assert sections[method].tier == tier
+    for other in tiers.METHODS:
+        if other != method:
+            assert sections[other].tier == "default"
+
+
+def test_a_profile_with_a_bad_key_names_it():
+    params = tiers.compose(["kalm=study"])
+    params["kalm"]["eval"]["metaworld_episodes"] = -1
+    params["props"]["typo"] = 1
+    with pytest.raises(ParamsError) as err:
+        validate_params(params)
+    assert "kalm.eval.metaworld_episodes: must be > 0" in str(err.value) and "props.typo: unknown key" in str(err.value)
+
+
+def test_generated_files_are_up_to_date():
+    """params.yaml is exactly what `dvc exp run` composes (an experiment never rewrites it), study/params.yaml every
+    method at its study profile, study/dvc.yaml the study's stages (python -m pipelines.tiers --write)."""
+    assert tiers.write(check=True) == []
+
+
+def test_dvc_composes_params_at_exp_run():
+    config = (ROOT / ".dvc" / "config").read_text()
+    assert "[hydra]" in config and "enabled = true" in config
+
+
+def test_the_study_pipeline_writes_under_study_and_tracks_its_results():
+    study = yaml.safe_load((ROOT / "study" / "dvc.yaml").read_text())["stages"]
+    default = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    names = {n for group in tiers.STUDY_STAGES.values() for n in group}
+    assert set(study) == names | {tiers.STUDY_REPORT} and not set(default) & {tiers.STUDY_REPORT}
+    for name, stage in study.items():
+        stage = stage.get("do", stage)  # a foreach stage's body
+        assert stage["wdir"] == ".." and stage["cmd"].startswith("LLMRL_TIER=study "), name
+        assert all(next(iter(p)) == "study/params.yaml" or not isinstance(p, dict) or "study" in next(iter(p))
+                   for p in stage.get("params", []) if isinstance(p, dict)), name
+        assert not any(isinstance(p, str) for p in stage.get("params", [])), name  # never the default params.yaml
+        for kind in ("outs", "metrics", "plots"):
+            for out in stage.get(kind, []):
+                path = next(iter(out)) if isinstance(out, dict) else out
+                assert path.startswith("study/"), (name, path)
+                if path.startswith(("study/metrics/", "study/plots/")):
+                    assert isinstance(out, dict) and out[path].get("cache") is False, (name, path)
+
+
+def test_study_dag_maps_inputs_to_study_outputs():
+    dvc_yaml = {"stages": {
+        "a": {"cmd": "python stages/a.py", "deps": ["stages/a.py", "models/base_llm"], "params": ["m.a"],
+              "outs": ["models/m/a"], "metrics": [{"metrics/m/a.json": {"cache": False}}]},
+        "b": {"cmd": "python stages/b.py", "deps": ["models/m/a/x", "data/demos"], "params": ["m.b", {"other.yaml": ["k"]}],
+              "plots": ["plots/m/b"]},
+        "report": {"cmd": "python stages/report.py", "deps": ["stages/report.py", "metrics/m", "metrics/glam"],
+                   "params": ["report"], "outs": ["reports"]},
+    }}
+    got = tiers.study_dag(dvc_yaml, {"m": ("a", "b")})["stages"]
+    assert got["b"]["deps"] == ["study/models/m/a/x", "data/demos"]  # a study output; the default pipeline's demos
+    assert got["a"]["deps"] == ["stages/a.py", "models/base_llm"]
+    assert got["b"]["params"] == [{"study/params.yaml": ["m.b"]}, {"other.yaml": ["k"]}]
+    assert got["a"]["outs"] == ["study/models/m/a"] and got["b"]["plots"] == [{"study/plots/m/b": {"cache": False}}]
+    assert got["a"]["metrics"] == [{"study/metrics/m/a.json": {"cache": False}}]
+    assert got[tiers.STUDY_REPORT]["deps"] == ["stages/report.py", "metrics/m", "study/metrics/m"]
+    with pytest.raises(KeyError, match="lacks"):
+        tiers.study_dag(dvc_yaml, {"m": ("a", "nope")})
