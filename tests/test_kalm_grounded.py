@@ -426,3 +426,15 @@ def test_the_held_out_set_takes_an_eighth_of_each_patterns_samples():
     assert (v.trajectory_samples, v.dynamics_samples, v.goal_samples, v.reverse_samples) == (20, 2, 1, 1)
     assert v.model_dump(exclude={"trajectory_samples", "dynamics_samples", "goal_samples", "reverse_samples"}) == \
         p.model_dump(exclude={"trajectory_samples", "dynamics_samples", "goal_samples", "reverse_samples"})
+
+
+def test_length_batches_cover_every_sample_once_in_full_batches():
+    from llmrl.algos.kalm_grounding import length_batches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 200, size=103)
+    batches = length_batches(lengths, 8, np.random.default_rng(1), window=4)
+    assert sorted(int(i) for b in batches for i in b) == list(range(103))  # every sample once
+    assert min(len(b) for b in batches) >= 8  # a remainder joins its neighbour: N <= 8 processes share every batch
+    # bucketed: the length spread inside a batch is far below the pool's
+    assert np.mean([np.ptp(lengths[b]) for b in batches]) < 0.5 * np.ptp(lengths)

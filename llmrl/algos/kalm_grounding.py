@@ -175,13 +175,20 @@ def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
     """One epoch of batches (sample indices): a seeded permutation cut into windows of ``window`` batches, each
     window sorted by sequence length and cut into batches, then the batches shuffled. Sequences of similar length
     share a batch, so little compute goes to padding (the patterns' lengths differ up to tenfold), and every sample
-    appears once per epoch."""
+    appears once per epoch. A short remainder joins the batch before it, so every batch holds at least
+    ``batch_size`` samples (the pool allowing) and N processes (N <= batch_size) each get a share of each batch:
+    one process and N run the same batches."""
     order = rng.permutation(len(lengths))
     batches = []
     for lo in range(0, len(order), window * batch_size):
         chunk = order[lo:lo + window * batch_size]
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        pieces = [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        if len(pieces[-1]) < batch_size and len(batches) + len(pieces) > 1:
+            batches += pieces[:-1]
+            batches[-1] = np.concatenate([batches[-1], pieces[-1]])
+        else:
+            batches += pieces
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -234,7 +241,9 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
     best: tuple[float, int, dict[str, torch.Tensor]] | None = None
     for step in range(steps):
         while not epoch:
-            epoch = [b for b in length_batches(lengths, p.batch_size, rng) if len(b) >= world]
+            epoch = length_batches(lengths, p.batch_size, rng)
+            if any(len(b) < world for b in epoch):
+                raise ValueError(f"kalm.ground: {len(pool)} samples cannot be shared by {world} processes")
         batch = [pool[i] for i in epoch.pop(0)]
         model.train()
         if ddp is None:

@@ -116,11 +116,59 @@ def kalm_rows(root: Path) -> dict[tuple[str, str], np.ndarray]:
     return {(b, r): v for b, rows in kalm_scores(root).items() for r, v in rows.items()}
 
 
+# ---- ProPS -----------------------------------------------------------------------------------------------------------
+
+
+def props_rows(root: Path) -> dict[tuple[str, str], np.ndarray]:
+    """Per task (each search task and the quadratic) and method: the held-out return of each seed's final policy
+    (runs) on that one task, from props_eval's report. Tasks stay apart: their returns have different scales."""
+    report = _json(root, "plots/props/report.json")
+    tables = {**report["tasks"], "quadratic": report["quadratic"]["table"]}
+    return {(task, method): np.asarray(h["final"]["per_seed"], dtype=float)[:, None]
+            for task, table in tables.items() for method, h in table.items()}
+
+
+def props_comparisons(root: Path) -> list[Comparison]:
+    """ProPS and ProPS+ against random search on every task, at equal episodes (props_eval checks the budgets)."""
+    rows = props_rows(root)
+    return [Comparison(task, method, "random_search", v, rows[(task, "random_search")])
+            for (task, method), v in rows.items()
+            if method in ("props", "props_plus") and (task, "random_search") in rows]
+
+
+# ---- LLM_RL ----------------------------------------------------------------------------------------------------------
+
+
+def llm_rl_rows(root: Path) -> dict[tuple[str, str], np.ndarray]:
+    """Per decoding mode and model: the test accuracy of each training seed (runs; the base model one run), from
+    llm_rl_eval's per-model entries."""
+    folder = root / "metrics/llm_rl/responses"
+    if not folder.is_dir():
+        raise MissingResultError(f"{folder}: missing (run llm_rl_eval)")
+    out = {}
+    for f in sorted(folder.glob("*.json")):
+        entry = read_json(f)
+        for mode in ("greedy", "sampled"):
+            if isinstance(entry.get(mode), dict) and "per_seed" in entry[mode]:
+                out[(mode, f.stem)] = np.asarray(entry[mode]["per_seed"], dtype=float)[:, None]
+    return out
+
+
+def llm_rl_comparisons(root: Path) -> list[Comparison]:
+    """Each trained variant against the base model, per decoding mode."""
+    rows = llm_rl_rows(root)
+    return [Comparison(mode, model, "base", v, rows[(mode, "base")])
+            for (mode, model), v in rows.items() if model != "base" and (mode, "base") in rows]
+
+
 # ---- the page -------------------------------------------------------------------------------------------------------
 
 # Per method: its rows' scores [runs, tasks] by (group, row), and its claims; what a run and a task are.
 METHOD_SCORES: dict[str, tuple[Callable[[Path], dict], Callable[[Path], list[Comparison]], str]] = {
     "kalm": (kalm_rows, kalm_comparisons, "runs: training seeds; tasks: the goal levels; score: success rate"),
+    "props": (props_rows, props_comparisons, "runs: seeds; one task per group; score: held-out return of the "
+                                             "final policy"),
+    "llm_rl": (llm_rl_rows, llm_rl_comparisons, "runs: training seeds (the base model: one); score: test accuracy"),
 }
 
 
@@ -129,7 +177,10 @@ def summary_section(method: str, root: Path, study_root: Path, reps: int = 2000)
     s = Section(f"{method}-study", f"{method}: the study's reading", f"rliable's statistics ({units}); the "
                 "default tier's figures beside the study's.")
     study_rows = rows_of(study_root)
-    default_rows = rows_of(root) if (root / "metrics" / method).is_dir() else {}
+    try:  # the default's per-run files may be DVC-cached only (not pulled): its column then stays empty
+        default_rows = rows_of(root)
+    except MissingResultError:
+        default_rows = {}
     table = []
     for (group, row), values in study_rows.items():
         q = iqm(values, reps=reps)
