@@ -29,7 +29,7 @@ ENV_VARS := HF_HOME PREFECT_HOME MPLCONFIGDIR XDG_CACHE_HOME PIP_CACHE_DIR DVC_N
 	DVC_SYSTEM_CONFIG_DIR DVC_SITE_CACHE_DIR PREFECT_SERVER_ANALYTICS_ENABLED HF_HUB_DISABLE_TELEMETRY \
 	TOKENIZERS_PARALLELISM
 
-.PHONY: setup test-setup chromium openssh repro study test test-hosts docs bench prefect-ui clean
+.PHONY: setup test-setup chromium openssh repro study test test-integration test-hosts docs bench prefect-ui clean
 
 setup: $(STAMP)
 	@mkdir -p $(PREFECT_HOME) $(HF_HOME) $(MPLCONFIGDIR) $(XDG_CACHE_HOME)
@@ -86,10 +86,16 @@ openssh:
 	@test -x /usr/sbin/sshd || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { apt-get update -qq \
 		>/dev/null && env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
 
-test: test-setup chromium docs openssh
-	$(BIN)/python -m pytest -q
+# The suite without its integration tests (under 15 minutes on 2 cores).
+test: test-setup chromium docs
+	$(BIN)/python -m pytest -q -m "not integration"
 
-# The two-host tests alone (they are part of `make test` too).
+# The integration tests (CI runs them after `make test`): kills mid-stage and resumes (tests/test_faults_interrupt.py),
+# the pool across hosts made of network namespaces (tests/test_hosts.py).
+test-integration: test-setup openssh
+	$(BIN)/python -m pytest -q -m integration
+
+# The two-host tests alone.
 test-hosts: test-setup openssh
 	$(BIN)/python -m pytest -q tests/test_hosts.py
 

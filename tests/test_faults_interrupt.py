@@ -37,7 +37,7 @@ import pytest
 
 from .faults_support import ROOT, repo_params, stage_command, stage_env, stage_repo
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration  # ~2-6 min: make test-integration (CI runs it)
 
 # wall-clock fields: never equal between two runs, interrupted or not
 CLOCK_KEYS = {"seconds", "cpu_seconds", "fps", "updates_per_s", "wall_seconds", "train_seconds", "step_time",

@@ -28,6 +28,8 @@ from .hosts_lab import HEARTBEAT_S, ROOT, Lab, Server, partial_objects, snapshot
 from .test_pipeline import _TOY_STEP, TOY_COMMANDS, TOY_PARALLEL_DVC, TOY_STAGES, _check_clock_restored, _intervals, \
     _outputs
 
+pytestmark = pytest.mark.integration  # 3-6 min of network namespaces: make test-integration (CI runs it)
+
 # --- no hosts needed ---
 
 

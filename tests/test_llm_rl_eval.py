@@ -116,12 +116,15 @@ def test_eval_stage_scores_every_seed_of_every_variant_against_the_base_model(ev
     run = run_stage(eval_repo, "llm_rl_eval.py")
     assert run.returncode == 0, run.stderr[-3000:]
     metrics = eval_repo / "metrics" / "llm_rl"
-    base = read_json(metrics / "eval" / "base.json")
+    # the metrics files hold the headline; the whole entry (per-seed values, the verdict) is the plain out beside
+    # the responses
+    base = read_json(metrics / "responses" / "base.json")
     for mode in ("greedy", "sampled"):
         assert (base[mode]["seeds"], base[mode]["episodes"], len(base[mode]["per_seed"])) == (1, 4, 1)
         assert "vs_base" not in base[mode]
+        assert read_json(metrics / "eval" / "base.json")[mode]["success"] == base[mode]["success"]
         for variant in ("reinforce_kl", "grpo"):
-            entry = read_json(metrics / "eval" / f"{variant}.json")[mode]
+            entry = read_json(metrics / "responses" / f"{variant}.json")[mode]
             assert (entry["seeds"], entry["episodes"], len(entry["per_seed"])) == (2, 8, 2)
             assert entry["vs_base"] == against_base(entry, base[mode])
             for seed in (0, 1):  # every seed's answers, on the same problems as the base model's

@@ -28,7 +28,7 @@ from llmrl.llm.grounded import (GroundedLM, GroundingSpec, TokenSequence, collat
                                 trajectory_prompt)
 from llmrl.llm.load import dtype_name, resolve_dtype
 
-__all__ = ["grounding_spec", "build_samples", "validation_params", "update_steps", "autocast_dtype",
+__all__ = ["grounding_spec", "build_samples", "validation_params", "update_steps", "length_batches", "autocast_dtype",
            "evaluate_losses", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")

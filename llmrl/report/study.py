@@ -27,7 +27,8 @@ from llmrl.eval.rliable_stats import iqm, probability_of_improvement
 from llmrl.files import read_json
 from llmrl.report.collect import MissingResultError, Report, Section, Table, collect_report
 
-__all__ = ["STUDY_METHODS", "Comparison", "collect_study"]
+__all__ = ["STUDY_METHODS", "Comparison", "collect_study", "kalm_comparisons", "kalm_gates", "kalm_rows",
+           "llm_rl_comparisons", "llm_rl_rows", "poi_reading", "props_comparisons", "props_rows", "summary_section"]
 
 STUDY_METHODS = ("kalm", "props", "llm_rl")
 
