@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pipelines.dvc_run import WORKSPACE_LOCK, dvc
 
-__all__ = ["sync_clone", "run_in_clone", "adopt_lock_entry", "forget_recorded_outs", "restore", "workspace_overlay",
-           "slot_lock", "push_uncached_outs", "dvc_remote_url"]
+__all__ = ["sync_clone", "run_in_clone", "adopt_lock_entry", "copy_uncached_outs", "forget_recorded_outs", "restore",
+           "workspace_overlay", "slot_lock", "push_uncached_outs", "dvc_remote_url"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +110,31 @@ def adopt_lock_entry(root: Path, clone: Path, name: str) -> None:
     os.replace(tmp, lock)
 
 
+def copy_uncached_outs(root: str, clone: str, name: str) -> None:
+    """Copy stage ``name``'s git-tracked outputs (``cache: false``: files or folders) from ``clone`` into ``root``,
+    each replacing the old one in one rename."""
+    from dvc.repo import Repo
+
+    with contextlib.chdir(root), Repo(root) as repo:
+        (stage,) = [s for s in repo.index.stages if s.addressing == name]
+        paths = [out.def_path for out in stage.outs if not out.use_cache]
+    for rel in paths:
+        src, dst = Path(clone) / rel, Path(root) / rel
+        if not src.exists():
+            raise FileNotFoundError(f"stage {name}: its output {rel} is missing in {clone}")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".adopt-tmp")
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        shutil.copytree(src, tmp) if src.is_dir() else shutil.copy2(src, tmp)
+        if dst.is_dir() and not dst.is_symlink():
+            old = dst.with_name(dst.name + ".adopt-old")
+            os.replace(dst, old)
+            os.replace(tmp, dst)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, dst)
+
+
 def forget_recorded_outs(root: Path, name: str) -> None:
     """Drop the output hashes ``dvc.lock`` records for stage ``name`` (the rest of the file stays as it is).
 
@@ -144,6 +169,8 @@ def restore(name: str, root: str, remote: str | None, env: dict[str, str], where
             if not ran:
                 return "cached"
             adopt_lock_entry(Path(root), clone, name)
+            # git-tracked outputs (cache: false) are in no cache to check out from: taken from the clone's files
+            _run_python(f"copy_uncached_outs({root!r}, {str(clone)!r}, {name!r})", Path(root), env)
             dvc(["pull" if remote else "checkout", "--force", name], root, env)
             if "up to date" not in dvc(["status", name], root, env):
                 raise RuntimeError(f"stage {name} ran in {where}, but this workspace is not up to date with the "

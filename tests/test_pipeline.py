@@ -211,15 +211,19 @@ stages:
     deps: [out/source.txt]
     outs: [out/clock.txt]
   memo:
-    cmd: python step.py memo out/memo/notes.txt out/source.txt
+    cmd:
+      - python step.py memo out/memo/notes.txt out/source.txt
+      - python step.py memo_summary summary/memo.txt out/source.txt
     deps: [step.py, out/source.txt]
     outs:
       - out/memo:
           persist: true
+      - summary/memo.txt: {{cache: false}}
 """
-# `memo` has a persisted output (as ProPS's reply caches): DVC keeps no run-cache entry for it.
+# `memo` has a persisted output (as ProPS's reply caches): DVC keeps no run-cache entry for it, and a git-tracked
+# plain output (as the stages' summaries), which no cache holds: it comes back from the clone's files.
 TOY_STAGES = {"source", "left", "right", "wide", "join", "memo"}  # and `clock`, whose output differs on every run
-TOY_COMMANDS = TOY_STAGES | {"right_data"}
+TOY_COMMANDS = TOY_STAGES | {"right_data", "memo_summary"}
 
 
 def _toy_parallel_repo(path):
@@ -265,7 +269,7 @@ def _outputs(root):
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     lock["stages"].pop("clock", None)
     files = ["out/source.txt", "out/left.txt", "metrics/right.json", "out/right.txt", "out/wide.txt", "out/join.txt",
-             "out/memo/notes.txt"]
+             "out/memo/notes.txt", "summary/memo.txt"]
     return lock, {f: (root / f).read_bytes() for f in files}
 
 
