@@ -26,7 +26,7 @@ EDITED = {
     "kalm": "llmrl/envs/kalm_levels.py",
     "props": "llmrl/envs/control.py",
 }
-PAGES = {"report", "study_report"}  # every method's results are on them
+PAGES = {"report"}  # every method's results are on it (a study page, <method>_study_report, is its method's)
 
 
 def method_of(stage: str) -> str:

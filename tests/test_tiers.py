@@ -49,7 +49,8 @@ def test_the_study_pipeline_writes_under_study_and_tracks_its_results():
     study = yaml.safe_load((ROOT / "study" / "dvc.yaml").read_text())["stages"]
     default = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     names = {n for group in tiers.STUDY_STAGES.values() for n in group}
-    assert set(study) == names | {tiers.STUDY_REPORT} and not set(default) & {tiers.STUDY_REPORT}
+    pages = {tiers.study_report(m) for m in tiers.STUDY_STAGES}
+    assert set(study) == names | pages and not set(default) & pages
     for name, stage in study.items():
         stage = stage.get("do", stage)  # a foreach stage's body
         assert stage["wdir"] == ".." and stage["cmd"].startswith("LLMRL_TIER=study "), name
@@ -79,6 +80,8 @@ def test_study_dag_maps_inputs_to_study_outputs():
     assert got["b"]["params"] == [{"study/params.yaml": ["m.b"]}, {"other.yaml": ["k"]}]
     assert got["a"]["outs"] == ["study/models/m/a"] and got["b"]["plots"] == [{"study/plots/m/b": {"cache": False}}]
     assert got["a"]["metrics"] == [{"study/metrics/m/a.json": {"cache": False}}]
-    assert got[tiers.STUDY_REPORT]["deps"] == ["stages/report.py", "metrics/m", "study/metrics/m"]
+    page = got[tiers.study_report("m")]
+    assert page["deps"] == ["stages/report.py", "metrics/m", "study/metrics/m"]
+    assert page["outs"] == ["study/reports/m"] and page["cmd"] == "LLMRL_TIER=study python stages/report.py m"
     with pytest.raises(KeyError, match="lacks"):
         tiers.study_dag(dvc_yaml, {"m": ("a", "nope")})
