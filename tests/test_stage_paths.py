@@ -128,6 +128,22 @@ def test_every_tracked_result_file_is_a_declared_output():
     assert not stray, f"tracked in git but no stage's output (add it to the stage or to .gitignore): {stray}"
 
 
+def test_no_cached_output_is_tracked_in_git():
+    """DVC refuses to run a stage whose cached output git tracks ("already tracked by SCM"): a result file committed
+    by hand must be a ``cache: false`` output, or leave git."""
+    import subprocess
+
+    from dvc.repo import Repo
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    with Repo(str(ROOT)) as repo:
+        cached = [Path(out.fs_path).relative_to(ROOT).as_posix() for stage in repo.index.stages
+                  for out in stage.outs if out.use_cache]
+    both = [f for f in tracked if any(f == out or f.startswith(out + "/") for out in cached)]
+    assert not both, f"cached DVC outputs that git also tracks: {both}"
+
+
 def test_dvclive_summaries_no_stage_declares_are_outside_dvc_hashes():
     """dvclive writes ``<dir>/metrics.json`` beside a stage's declared curves; where ``<dir>`` lies in a folder
     another stage depends on (the report reads plots/glam/train), the file exists only in the workspace that ran
