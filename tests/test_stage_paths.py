@@ -144,6 +144,22 @@ def test_no_cached_output_is_tracked_in_git():
     assert not both, f"cached DVC outputs that git also tracks: {both}"
 
 
+def test_every_cached_output_is_ignored_by_git():
+    """A cached output git does not ignore shows up in `git status` after a run and goes into the next
+    `git add -A`. DVC writes the .gitignore entry when it runs a stage here, not when the stage's result is taken
+    from a worker clone by checkout, so the entries are committed with the stage."""
+    import subprocess
+
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        cached = sorted({Path(out.fs_path).relative_to(ROOT).as_posix() for stage in repo.index.stages
+                         for out in stage.outs if out.use_cache})
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *cached], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert sorted(set(cached) - set(ignored)) == []
+
+
 def test_dvclive_summaries_no_stage_declares_are_outside_dvc_hashes():
     """dvclive writes ``<dir>/metrics.json`` beside a stage's declared curves; where ``<dir>`` lies in a folder
     another stage depends on (the report reads plots/glam/train), the file exists only in the workspace that ran
