@@ -55,6 +55,9 @@ def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
     if not (clone / ".git").exists():
         clone.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "clone", "-q", "--shared", str(root), str(clone)], check=True, capture_output=True)
+    else:  # the clone's git index as root's HEAD: DVC refuses an output that the clone's git still tracks
+        subprocess.run(["git", "fetch", "-q", str(root), "HEAD"], cwd=clone, check=True, capture_output=True)
+        subprocess.run(["git", "reset", "-q", "FETCH_HEAD"], cwd=clone, check=True, capture_output=True)
     wanted = {p for p in _git_files(root) if (root / p).is_file()}
     for rel in _git_files(clone) - wanted:
         (clone / rel).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ exercise them together; these check each on its own."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 
 import pytest
@@ -49,6 +50,19 @@ def test_a_clone_holds_the_workspace_files_as_git_sees_them(workspace, tmp_path)
     assert not (clone / "gone.txt").exists()
     with pytest.raises(ValueError, match="'team' is not a DVC remote"):
         sync_clone(workspace, clone, remote="team")
+
+
+def test_a_clone_follows_what_the_workspace_commits_out_of_git(workspace, tmp_path):
+    """A file the workspace stops tracking (a result that became a DVC output) is untracked in the clone too:
+    DVC in the clone would otherwise refuse to write it ("already tracked by SCM")."""
+    clone = tmp_path / "clone"
+    sync_clone(workspace, clone)
+    _git("rm", "-q", "--cached", "kept.txt", cwd=workspace)
+    (workspace / ".gitignore").write_text("*.log\n/kept.txt\n")
+    _git("commit", "-qam", "kept.txt is an output now", cwd=workspace)
+    sync_clone(workspace, clone)
+    tracked = subprocess.run(["git", "ls-files"], cwd=clone, capture_output=True, text=True, check=True).stdout
+    assert "kept.txt" not in tracked.split() and ".gitignore" in tracked.split()
 
 
 def test_the_overlay_carries_a_commit_and_its_uncommitted_changes(workspace):
