@@ -158,6 +158,13 @@ def test_every_cached_output_is_ignored_by_git():
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *cached], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
     assert sorted(set(cached) - set(ignored)) == []
+    # and the reverse: a git-tracked output (cache: false) that git ignores never reaches a worker clone
+    with Repo(str(ROOT)) as repo:
+        tracked = sorted({Path(out.fs_path).relative_to(ROOT).as_posix() for stage in repo.index.stages
+                          for out in stage.outs if not out.use_cache})
+    wrongly = subprocess.run(["git", "check-ignore", "--no-index", *tracked], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert wrongly == [], f"cache: false outputs that git ignores: {wrongly}"
 
 
 def test_dvclive_summaries_no_stage_declares_are_outside_dvc_hashes():
