@@ -61,6 +61,11 @@ def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
     wanted = {p for p in _git_files(root) if (root / p).is_file()}
     for rel in _git_files(clone) - wanted:
         (clone / rel).unlink(missing_ok=True)
+        # and the folders that leaves empty: a stage reading a folder of results would see an empty entry
+        parent = (clone / rel).parent
+        while parent != clone and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
     for rel in wanted:
         src, dst = root / rel, clone / rel
         if dst.is_file() and filecmp.cmp(src, dst, shallow=False):

@@ -4,6 +4,7 @@ exercise them together; these check each on its own."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import threading
 
@@ -48,6 +49,14 @@ def test_a_clone_holds_the_workspace_files_as_git_sees_them(workspace, tmp_path)
     sync_clone(workspace, clone)
     assert (clone / "kept.txt").read_text() == "edited\n" and (clone / "new.txt").read_text() == "new\n"
     assert not (clone / "gone.txt").exists()
+    # a folder whose files all went goes too (a results folder a stage lists)
+    (workspace / "results" / "old").mkdir(parents=True)
+    (workspace / "results" / "old" / "a.json").write_text("{}")
+    sync_clone(workspace, clone)
+    assert (clone / "results" / "old" / "a.json").is_file()
+    shutil.rmtree(workspace / "results" / "old")
+    sync_clone(workspace, clone)
+    assert not (clone / "results").exists()
     with pytest.raises(ValueError, match="'team' is not a DVC remote"):
         sync_clone(workspace, clone, remote="team")
 
