@@ -97,6 +97,15 @@ def run_in_clone(clone: Path, name: str, upstream: tuple[str, ...] | list[str], 
     return out
 
 
+def _lock_of(name: str) -> tuple[str, str]:
+    """The lock file and entry of stage ``name``: ``dvc.lock`` for a stage of ``dvc.yaml``,
+    ``study/dvc.lock`` and ``props_eval`` for ``study/dvc.yaml:props_eval``."""
+    if ":" not in name:
+        return "dvc.lock", name
+    dvcfile, stage = name.rsplit(":", 1)
+    return os.path.join(os.path.dirname(dvcfile), "dvc.lock"), stage
+
+
 def adopt_lock_entry(root: Path, clone: Path, name: str) -> None:
     """Copy stage ``name``'s ``dvc.lock`` entry from ``clone`` into ``root``'s (the rest of the file stays).
 
@@ -106,12 +115,14 @@ def adopt_lock_entry(root: Path, clone: Path, name: str) -> None:
     from ruamel.yaml import YAML
 
     yaml = YAML()  # round-trip, as forget_recorded_outs
-    entry = yaml.load((clone / "dvc.lock").read_text())["stages"][name]
-    lock = root / "dvc.lock"
+    rel, key = _lock_of(name)
+    entry = yaml.load((clone / rel).read_text())["stages"][key]
+    lock = root / rel
     data = yaml.load(lock.read_text()) if lock.is_file() else None
     if not data:
         data = {"schema": "2.0", "stages": {}}
-    data.setdefault("stages", {})[name] = entry  # replaced in place, or appended as DVC appends a new entry
+    data.setdefault("stages", {})[key] = entry  # replaced in place, or appended as DVC appends a new entry
+    lock.parent.mkdir(parents=True, exist_ok=True)
     tmp = lock.with_name(lock.name + ".tmp")
     with tmp.open("w") as handle:
         yaml.dump(data, handle)
@@ -153,12 +164,13 @@ def forget_recorded_outs(root: Path, name: str) -> None:
     """
     from ruamel.yaml import YAML
 
-    lock = root / "dvc.lock"
+    rel, key = _lock_of(name)
+    lock = root / rel
     if not lock.is_file():
         return
     yaml = YAML()  # round-trip: keeps order, quoting and comments of every other entry
     data = yaml.load(lock.read_text())
-    entry = (data or {}).get("stages", {}).get(name)
+    entry = (data or {}).get("stages", {}).get(key)
     if entry is None or "outs" not in entry:
         return
     del entry["outs"]

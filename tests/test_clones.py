@@ -102,6 +102,14 @@ def test_lock_entries_are_adopted_and_forgotten_one_stage_at_a_time(tmp_path):
     assert "outs" not in ours["stages"]["b"] and ours["stages"]["a"]["outs"][0]["md5"] == "9"
     forget_recorded_outs(root, "unknown")  # nothing to forget: the file stays as it is
     assert yaml.safe_load((root / "dvc.lock").read_text()) == ours
+    # a stage of another pipeline file (the study's): its entry in that file's lock, under its own name
+    (clone / "study").mkdir()
+    (clone / "study" / "dvc.lock").write_text(yaml.safe_dump(theirs, sort_keys=False))
+    adopt_lock_entry(root, clone, "study/dvc.yaml:a")
+    assert yaml.safe_load((root / "study" / "dvc.lock").read_text())["stages"] == {"a": theirs["stages"]["a"]}
+    forget_recorded_outs(root, "study/dvc.yaml:a")
+    assert "outs" not in yaml.safe_load((root / "study" / "dvc.lock").read_text())["stages"]["a"]
+    assert yaml.safe_load((root / "dvc.lock").read_text()) == ours  # the default's lock untouched
 
 
 def test_concurrent_runs_take_distinct_slots(tmp_path):

@@ -525,7 +525,7 @@ TABLES: dict[str, Callable[[Path], list[DocTable]]] = {
     "benchmarks": benchmark_tables,
 }
 TABLE_MARKER = re.compile(r"^<!-- table: ([\w-]+)(?: ([\w-]+))? -->$", re.M)
-VALUE = re.compile(r"\{\{ *([\w./-]+)#([\w./@-]+)(?: *\| *([\w.]+))? *\}\}")
+VALUE = re.compile(r"\{\{ *([\w./:=,-]+)#([\w./@-]+)(?: *\| *([\w.]+))? *\}\}")
 
 
 def expand(markdown: str, root: Path, *, link_prefix: str = "") -> str:
