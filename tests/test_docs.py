@@ -118,9 +118,15 @@ def parse(html: str) -> FigureParser:
 
 
 def file_value(root: Path, source: str, key: str):
-    """The value at ``key`` (``/``-separated; digits index lists) in the JSON or YAML file ``source``."""
-    path = root / source
-    value = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
+    """The value at ``key`` (``/``-separated; digits index lists) in the JSON or YAML file ``source``, or in the
+    parameters a profile composes (``conf:<overrides>``, through DVC's own Hydra composition)."""
+    if source.startswith("conf:"):
+        from pipelines.tiers import params_text
+
+        value = yaml.safe_load(params_text(source.removeprefix("conf:").split(",")))
+    else:
+        path = root / source
+        value = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
     for part in key.split("/"):
         value = value[int(part)] if isinstance(value, list) else value[part]
     return value
@@ -146,7 +152,7 @@ def disagreements(html: str, root: Path) -> list[str]:
     for f in parse(html).figures:
         try:
             expected = shown(file_value(root, f["source"], f["key"]), f["format"],
-                             f["source"].endswith((".yaml", ".yml")))
+                             f["source"].endswith((".yaml", ".yml")) or f["source"].startswith("conf:"))
         except (OSError, KeyError, IndexError, ValueError, TypeError) as err:
             found.append(f"{f['source']}#{f['key']}: unreadable ({err!r})")
             continue

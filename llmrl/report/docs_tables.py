@@ -109,7 +109,8 @@ class Figure:
 
     @property
     def text(self) -> str:
-        return format_value(self.value, self.fmt, yaml_source=self.source.endswith((".yaml", ".yml")))
+        return format_value(self.value, self.fmt, yaml_source=self.source.endswith((".yaml", ".yml"))
+                            or self.source.startswith(CONF_SOURCE))
 
     def html(self) -> str:
         key = "/".join(map(str, self.key))
