@@ -91,7 +91,8 @@ test: test-setup chromium docs
 	$(BIN)/python -m pytest -q -m "not integration"
 
 # The integration tests (CI runs them after `make test`): kills mid-stage and resumes (tests/test_faults_interrupt.py),
-# the pool across hosts made of network namespaces (tests/test_hosts.py).
+# the pool across hosts made of network namespaces (tests/test_hosts.py), the toy DAG through a pool and a remote
+# (tests/test_pipeline.py).
 test-integration: test-setup openssh
 	$(BIN)/python -m pytest -q -m integration
 

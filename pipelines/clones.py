@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from pipelines.dvc_run import WORKSPACE_LOCK, dvc
+from pipelines.hosts import lock_first_free
 
 __all__ = ["sync_clone", "run_in_clone", "adopt_lock_entry", "copy_uncached_outs", "forget_recorded_outs", "restore",
-           "workspace_overlay", "slot_lock", "push_uncached_outs", "dvc_remote_url"]
+           "workspace_overlay", "slot_lock", "push_uncached_outs", "save_run_cache", "dvc_remote_url"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +54,8 @@ def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
     DVC outputs are not copied: they come from the shared cache or the remote when a stage needs them.
     """
     if not (clone / ".git").exists():
+        if clone.exists():  # what a clone that broke off before git finished leaves: no clone to sync
+            shutil.rmtree(clone)
         clone.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "clone", "-q", "--shared", str(root), str(clone)], check=True, capture_output=True)
     else:  # the clone's git index as root's HEAD: DVC refuses an output that the clone's git still tracks
@@ -91,10 +94,29 @@ def run_in_clone(clone: Path, name: str, upstream: tuple[str, ...] | list[str], 
     if not run_cacheable:  # persisted outputs the stage continues from, as this workspace's dvc.lock records them
         dvc(["pull" if remote else "checkout", "--force", "--allow-missing", name], clone, env)
     out = dvc(["repro", "--single-item", name], clone, env, log)
+    if run_cacheable:
+        _run_python(f"save_run_cache({str(clone)!r}, {name!r})", clone, env)
     if remote:
         dvc(["push", *(["--run-cache"] if run_cacheable else []), name], clone, env)
         _run_python(f"push_uncached_outs({str(clone)!r}, {name!r}, {remote!r})", clone, env)
     return out
+
+
+def save_run_cache(root: str, name: str) -> None:
+    """Save stage ``name``'s run-cache entry from its ``dvc.lock`` entry where ``dvc repro`` saved none.
+
+    DVC skips the run-cache for a stage with a git-tracked output that is neither a metric nor a plot (a training
+    summary, a folder of plans), although the run-cache can hold such outputs as it holds metrics (a copy in the
+    cache). Without the entry the stage could not leave the workspace it ran in. A stage with a ``persist`` output
+    has none by design (``pipelines.dag``); an entry already there is kept.
+    """
+    from dvc.repo import Repo
+    from dvc.stage.cache import _can_hash  # DVC's own rule for which stages the run-cache can take
+
+    with contextlib.chdir(root), Repo(root) as repo:
+        (stage,) = [s for s in repo.index.stages if s.addressing == name]
+        if _can_hash(stage) and any(not (o.use_cache or o.is_metric or o.is_plot) for o in stage.outs):
+            repo.stage_cache.save(stage)
 
 
 def _lock_of(name: str) -> tuple[str, str]:
@@ -225,20 +247,8 @@ def workspace_overlay(root: Path) -> tuple[str, dict[str, str | None]]:
 @contextlib.contextmanager
 def slot_lock(base: Path):
     """The first free slot index under ``base`` (an exclusive file lock held while the run lasts)."""
-    import fcntl
-
-    for i in itertools.count():
-        handle = open(base / f"slot-{i}.lock", "w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        try:
-            yield i
-        finally:
-            handle.close()
-        return
+    with lock_first_free(base, (f"slot-{i}" for i in itertools.count())) as name:
+        yield int(name.removeprefix("slot-"))
 
 
 def push_uncached_outs(root: str, name: str, remote: str) -> None:

@@ -23,7 +23,8 @@ class StageNode:
     cpus: int = 1
     mem_gib: float = 1.0
     # DVC keeps no run-cache entry for a stage with a `persist` out (e.g. a reply cache that grows across
-    # runs) or an uncached out that is not a metric or plot: such a stage cannot move between workspaces.
+    # runs): such a stage cannot move between workspaces through it (one with a plain uncached out can:
+    # `pipelines.clones.save_run_cache`).
     run_cacheable: bool = True
     # The longest chain of stages (this one included) that wait on this stage's outputs, in minutes (each stage's
     # `meta.minutes`, measured; 1 where none is declared): its priority for cores (critical path first).
@@ -110,7 +111,7 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None, pipeline: str 
                 gpu=bool(meta.get("gpu", False)),
                 cpus=cpus,
                 mem_gib=float(mem),
-                run_cacheable=not any(o.persist or not (o.use_cache or o.is_metric or o.is_plot) for o in s.outs),
+                run_cacheable=not any(o.persist for o in s.outs),
                 chain=chain[s],
                 metrics=tuple(os.path.relpath(o.fs_path, repo.root_dir) for o in s.outs
                               if o.is_metric and o.is_in_repo),

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,7 @@ __all__ = [
     "declare_gpus",
     "declared_gpus",
     "hold_device",
+    "lock_first_free",
     "main",
     "online_gpus",
     "online_workers",
@@ -174,6 +176,25 @@ def worker_devices(environ: dict[str, str] | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
+def lock_first_free(folder: Path, names: Iterable[str]):
+    """The first of ``names`` whose ``folder/<name>.lock`` no other process holds, locked (an exclusive ``flock``)
+    until the block ends; None where every one is held (``names`` may be endless: then it never is)."""
+    for name in names:
+        handle = open(folder / f"{name}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield name
+        finally:
+            handle.close()
+        return
+    yield None
+
+
+@contextlib.contextmanager
 def hold_device(folder: Path, devices: list[str], poll_s: float = 0.2):
     """One of ``devices`` that no other stage on this host holds (an exclusive lock on ``folder/gpu-<id>.lock`` while
     the stage runs); waits while every one is held. The GPU worker's limit is its number of devices, so one is
@@ -182,18 +203,10 @@ def hold_device(folder: Path, devices: list[str], poll_s: float = 0.2):
         raise ValueError(f"no GPU devices declared on this host (set {DEVICES_ENV} or start the worker with --gpus)")
     folder.mkdir(parents=True, exist_ok=True)
     while True:
-        for device in devices:
-            handle = open(folder / f"gpu-{device}.lock", "w")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            try:
-                yield device
-            finally:
-                handle.close()
-            return
+        with lock_first_free(folder, [f"gpu-{d}" for d in devices]) as held:
+            if held is not None:
+                yield held.removeprefix("gpu-")
+                return
         time.sleep(poll_s)
 
 

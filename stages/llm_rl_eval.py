@@ -5,7 +5,8 @@ apart. A variant is every model llm_rl_train wrote for it, one per training seed
 response, its parsed answer and correctness go to metrics/llm_rl/responses/<model>_<mode>.jsonl (a variant's model:
 <variant>_seed-<seed>; a plain out). The headline per model, metrics/llm_rl/eval/<model>.json, holds per mode the
 accuracy as ``success`` with its 95% interval over training seeds (``llmrl.eval.llm_rl.accuracy_entry``; the base
-model, one model: over problems). Beside the responses, metrics/llm_rl/responses/<model>.json holds the whole entry:
+model, one model: over problems), the parse-failure and truncation rates and mean tokens per answer. Beside the
+responses, metrics/llm_rl/responses/<model>.json holds the whole entry:
 each seed's accuracy, the parse-failure and truncation rates and mean tokens per answer, for a variant ``vs_base``
 ("higher" or "lower" than the base model only where the intervals do not overlap, else "overlapping"), the token
 cap, the compute dtype and the environment line.
@@ -27,6 +28,9 @@ from llmrl.llm.generate import SamplingConfig
 from llmrl.seeding import seed_everything
 from stages import paths
 from stages.common import log, model_spec, open_live, stage_arguments, stage_params
+
+# the answer-quality figures of an accuracy entry that join the headline in the metrics file
+ANSWER_KEYS = ("parse_failure", "truncated", "tokens")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                     log.info("%s %s against the base model: %s", name, mode, h["vs_base"])
                 rows.append({"model": f"{name} ({mode})", "accuracy": h["success"], "ci_low": h["success_lo"],
                              "ci_high": h["success_hi"]})
-            write_json(eval_dir / f"{name}.json", metrics_entry({m: headline_part(h) for m, h in e["modes"].items()}))
+            write_json(eval_dir / f"{name}.json", metrics_entry({m: {**headline_part(h), **{k: h[k] for k in ANSWER_KEYS}}
+                                                               for m, h in e["modes"].items()}))
             write_json(resp_dir / f"{name}.json", {**e["modes"], **e["extra"], "env": fingerprint_line()})
         live.log_plot("accuracy_by_model", rows, x="accuracy", y="model", template="bar_horizontal",
                       title="Math test accuracy over training seeds (95% intervals in metrics/llm_rl/eval/)")

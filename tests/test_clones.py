@@ -11,7 +11,8 @@ import threading
 import pytest
 import yaml
 
-from pipelines.clones import adopt_lock_entry, forget_recorded_outs, slot_lock, sync_clone, workspace_overlay
+from pipelines.clones import (adopt_lock_entry, forget_recorded_outs, restore, run_in_clone, slot_lock, sync_clone,
+                              workspace_overlay)
 from pipelines.dvc_run import dvc, stage_env, tail
 
 from .test_pipeline import _dvc, _git
@@ -39,6 +40,7 @@ def workspace(tmp_path):
 
 def test_a_clone_holds_the_workspace_files_as_git_sees_them(workspace, tmp_path):
     clone = tmp_path / "clone"
+    (clone / "study").mkdir(parents=True)  # a clone that broke off before git finished: replaced, not an error
     sync_clone(workspace, clone)
     assert (clone / "kept.txt").read_text() == "kept\n" and not (clone / "ignored.log").exists()
     assert "dir = " in (clone / ".dvc" / "config.local").read_text()  # this workspace's cache, shared
@@ -81,6 +83,25 @@ def test_the_overlay_carries_a_commit_and_its_uncommitted_changes(workspace):
     commit, files = workspace_overlay(workspace)
     assert len(commit) == 40
     assert files["gone.txt"] is None and set(files) == {"kept.txt", "gone.txt", "new.txt"}
+
+
+def test_a_stage_with_a_plain_git_tracked_output_leaves_its_clone_through_the_run_cache(workspace, tmp_path):
+    # DVC itself saves no run-cache entry for such a stage (a training summary with `cache: false`, not a metric)
+    (workspace / "x.txt").write_text("3\n")
+    (workspace / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"double": {
+        "cmd": "python -c \"n=int(open('x.txt').read()); open('big.txt','w').write(str(2*n)); "
+               "open('summary.json','w').write(str(n))\"",
+        "deps": ["x.txt"], "outs": ["big.txt", {"summary.json": {"cache": False}}]}}}))
+    _git("add", "-A", cwd=workspace)
+    _git("commit", "-qm", "stage", cwd=workspace)
+    env = stage_env()
+    clone = tmp_path / "clone"
+    sync_clone(workspace, clone)
+    out = run_in_clone(clone, "double", (), None, env)
+    assert "Running stage 'double'" in out
+    assert restore("double", str(workspace), None, env, "the clone", ran=True) == "ran"  # not computed again
+    assert (workspace / "big.txt").read_text() == "6" and (workspace / "summary.json").read_text() == "3"
+    assert "up to date" in dvc(["status", "double"], workspace, env)
 
 
 def test_lock_entries_are_adopted_and_forgotten_one_stage_at_a_time(tmp_path):

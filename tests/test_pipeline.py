@@ -273,7 +273,8 @@ def _outputs(root):
     return lock, {f: (root / f).read_bytes() for f in files}
 
 
-@pytest.mark.parametrize("remote", [False, True])
+# through a DVC remote: 90 s of several processes, with the pool route's test in `make test-integration`
+@pytest.mark.parametrize("remote", [False, pytest.param(True, marks=pytest.mark.integration)])
 def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
     from pipelines.dag import read_dag
 
@@ -319,6 +320,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.integration  # a Prefect server, a pool and a worker: ~2.5 min (`make test-integration`)
 def test_pool_workers_end_as_a_serial_run(tmp_path, monkeypatch):
     """The multi-machine route on one machine: a Prefect server, a process work pool with the project's
     `stage` deployment (prefect.yaml), one worker, and the stages' data exchanged through a DVC remote."""

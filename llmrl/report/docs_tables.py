@@ -351,7 +351,7 @@ def llm_rl_tables(root: Path) -> list[DocTable]:
                      Cell((figure(root, curve, f"table/{i}/accuracy/seeds"),))])
     return [
         headline_folder_table(root, "llm_rl-eval", "Test problems (success = the correct final answer): the base "
-                              "model and both variants at the same budget.", "metrics/llm_rl/responses",
+                              "model and both variants at the same budget.", "metrics/llm_rl/eval",
                               extras=(("answer tokens", "tokens"), ("cut by the cap", "truncated"),
                                       ("parse failure", "parse_failure")), order=("base", "reinforce_kl", "grpo")),
         DocTable("llm_rl-curve", "REINFORCE-KL trained longer, outside the pipeline (`scripts/llm_rl_curve.py`): "
