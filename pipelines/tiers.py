@@ -96,10 +96,14 @@ def _under(path: str, outputs: set[str]) -> str | None:
     dependency over a matrix stage's items, e.g. ``models/llm_rl`` over ``models/llm_rl/${item.variant}/...``,
     whose templated path counts by its literal part), if any."""
     folder = path.rstrip("/")
+    # a templated dependency (``data/kalm/${item.data}``) by its literal folder: whatever it resolves to there
+    template = folder.split("${")[0].rstrip("/") if "${" in folder else None
     for out in outputs:
         literal = out.split("${")[0].rstrip("/")
         if path == out or path.startswith(out.rstrip("/") + "/") or literal == folder \
                 or literal.startswith(folder + "/"):
+            return out
+        if template and (out.startswith(template + "/") or literal == template):
             return out
     return None
 

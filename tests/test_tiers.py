@@ -71,11 +71,15 @@ def test_study_dag_maps_inputs_to_study_outputs():
               "outs": ["models/m/a"], "metrics": [{"metrics/m/a.json": {"cache": False}}]},
         "b": {"cmd": "python stages/b.py", "deps": ["models/m/a/x", "data/demos"], "params": ["m.b", {"other.yaml": ["k"]}],
               "plots": ["plots/m/b"]},
+        # a matrix stage whose templated input resolves to another study stage's output
+        "c": {"do": {"cmd": "python stages/c.py ${item}", "deps": ["models/m/${item}", "data/demos/${item}"],
+                     "outs": ["data/m/c/${item}"]}, "foreach": ["a", "x"]},
         "report": {"cmd": "python stages/report.py", "deps": ["stages/report.py", "metrics/m", "metrics/glam"],
                    "params": ["report"], "outs": ["reports"]},
     }}
-    got = tiers.study_dag(dvc_yaml, {"m": ("a", "b")})["stages"]
+    got = tiers.study_dag(dvc_yaml, {"m": ("a", "b", "c")})["stages"]
     assert got["b"]["deps"] == ["study/models/m/a/x", "data/demos"]  # a study output; the default pipeline's demos
+    assert got["c"]["do"]["deps"] == ["study/models/m/${item}", "data/demos/${item}"]
     assert got["a"]["deps"] == ["stages/a.py", "models/base_llm"]
     assert got["b"]["params"] == [{"study/params.yaml": ["m.b"]}, {"other.yaml": ["k"]}]
     assert got["a"]["outs"] == ["study/models/m/a"] and got["b"]["plots"] == [{"study/plots/m/b": {"cache": False}}]

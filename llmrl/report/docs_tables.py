@@ -386,24 +386,26 @@ def llm4teach_tables(root: Path) -> list[DocTable]:
     return tables
 
 
-def kalm_tables(root: Path) -> list[DocTable]:
-    files = [(bench.name, path) for bench in sorted(p for p in (Path(root) / KALM_SUCCESS).glob("*/") if p.is_dir())
-             for path in _files(root, f"{KALM_SUCCESS}/{bench.name}")]
+def kalm_tables(root: Path, tier: str = "") -> list[DocTable]:
+    """KALM's tables from the default pipeline's results, or (``tier="study/"``) from the study's."""
+    success, ids = f"{tier}{KALM_SUCCESS}", tier.replace("/", "-")
+    files = [(bench.name, path) for bench in sorted(p for p in (Path(root) / success).glob("*/") if p.is_dir())
+             for path in _files(root, f"{success}/{bench.name}")]
     if not files:
-        raise MissingResultError(f"{KALM_SUCCESS}/*/*.json: nothing there (the docs read it)")
-    levels = [k for k in read_value(root, f"{KALM_SUCCESS}/{files[0][0]}/{files[0][1].name}", ()) if k != "mean"]
+        raise MissingResultError(f"{success}/*/*.json: nothing there (the docs read it)")
+    levels = [k for k in read_value(root, f"{success}/{files[0][0]}/{files[0][1].name}", ()) if k != "mean"]
     rows = [[label(bench), label(f"`{path.stem}`"),
-             *(Cell((figure(root, f"{KALM_SUCCESS}/{bench}/{path.name}", lv),)) for lv in [*levels, "mean"])]
+             *(Cell((figure(root, f"{success}/{bench}/{path.name}", lv),)) for lv in [*levels, "mean"])]
             for bench, path in files]
     return [
-        DocTable("kalm-headline", "Success per goal level and averaged over them, per benchmark and policy: real "
-                 "data alone against real + imagined rollouts (seed-level intervals: the results page).",
-                 [f"{KALM_SUCCESS}/*/*.json"], ["benchmark", "policy", *levels, "mean"], rows),
-        scalar_files_table(root, "kalm-imagination", "Imagined rollouts: the control on training goals (train) "
+        DocTable(f"kalm-{ids}headline", "Success per goal level and averaged over them, per benchmark and policy: "
+                 "real data alone against real + imagined rollouts (seed-level intervals: the results page).",
+                 [f"{success}/*/*.json"], ["benchmark", "policy", *levels, "mean"], rows),
+        scalar_files_table(root, f"kalm-{ids}imagination", "Imagined rollouts: the control on training goals (train) "
                            "says whether the model imagines at all (its replayed actions against random ones from "
                            "the same starts); how many the model names after their own task (consistent: the ones "
                            "offline RL gets); the share the model believes succeed, the share that do when "
-                           "replayed, and the per-step error of the imagined states.", "metrics/kalm",
+                           "replayed, and the per-step error of the imagined states.", f"{tier}metrics/kalm",
                            "imagine_*.json", lambda stem: stem.removeprefix("imagine_").replace("_", ", "),
                            [("rollouts", "rollouts"), ("consistent", "consistent"),
                             ("imagined success", "imagined_success"), ("replay success", "replay_success"),
@@ -412,20 +414,24 @@ def kalm_tables(root: Path) -> list[DocTable]:
     ]
 
 
-def props_tables(root: Path) -> list[DocTable]:
+def props_tables(root: Path, tier: str = "") -> list[DocTable]:
+    """ProPS's tables from the default pipeline's results, or (``tier="study/"``) from the study's."""
     tables = []
-    evals = "metrics/props/eval"
+    evals, ids = f"{tier}metrics/props/eval", tier.replace("/", "-")
     order = ("props", "props_plus", "props_tuned", "random_search", "cem", "ppo")
     extras = (("search episodes", "train_episodes"), ("LLM-proposed", "llm_proposed"),
               ("parse failure", "parse_failure"))
+    if not (Path(root) / evals).is_dir():
+        raise MissingResultError(f"{evals}: missing (the docs read it; run or pull the stage that writes it)")
     for task in sorted(d.name for d in (Path(root) / evals).iterdir() if d.is_dir() and d.name != "transfer"):
         tables.append(headline_folder_table(
-            root, f"props-{task}", f"{task}: held-out return of each run's final policy; every method spends the "
-            "same training episodes.", f"{evals}/{task}", extras=extras, order=order))
-    for task in sorted(d.name for d in (Path(root) / evals / "transfer").iterdir() if d.is_dir()):
+            root, f"props-{ids}{task}", f"{task}: held-out return of each run's final policy; every method spends "
+            "the same training episodes.", f"{evals}/{task}", extras=extras, order=order))
+    transfer = Path(root) / evals / "transfer"
+    for task in sorted(d.name for d in transfer.iterdir() if d.is_dir()) if transfer.is_dir() else ():
         tables.append(headline_folder_table(
-            root, f"props-transfer-{task}", f"Transfer to {task}: the GRPO-tuned optimizer against the base model.",
-            f"{evals}/transfer/{task}", extras=extras, order=("base", "tuned")))
+            root, f"props-{ids}transfer-{task}", f"Transfer to {task}: the GRPO-tuned optimizer against the base "
+            "model.", f"{evals}/transfer/{task}", extras=extras, order=("base", "tuned")))
     return tables
 
 
@@ -522,7 +528,9 @@ TABLES: dict[str, Callable[[Path], list[DocTable]]] = {
     "llm_rl": llm_rl_tables,
     "llm4teach": llm4teach_tables,
     "kalm": kalm_tables,
+    "kalm_study": lambda root: kalm_tables(root, "study/"),
     "props": props_tables,
+    "props_study": lambda root: props_tables(root, "study/"),
     "benchmarks": benchmark_tables,
 }
 TABLE_MARKER = re.compile(r"^<!-- table: ([\w-]+)(?: ([\w-]+))? -->$", re.M)
