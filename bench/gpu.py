@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def paper_section(method: str) -> dict:
 
 def build_llm(model: str, shape: str | None, *, trainable: bool, dtype: str | None = None) -> LLM:
     """The embedded/local model (``dtype`` None: the loader's choice, bf16 on a GPU), or random weights of a
-    named shape on the GPU in bf16."""
+    named shape, held as ``load_model`` holds a model: fp32 weights under bf16 autocast when trained, bf16 else."""
     if shape is None:
         return load_model(model, trainable=trainable, dtype=dtype)
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -57,18 +58,25 @@ def build_llm(model: str, shape: str | None, *, trainable: bool, dtype: str | No
     tok = load_tokenizer(EMBEDDED)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    # No pad_token_id in the config: it would zero that token's embedding row, and a chat prompt opening with a
+    # zero vector multiplies the gradient through every RMSNorm by 1/sqrt(eps) (inf by layer 5 of 24).
     config = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **SHAPES[shape])
+                         eos_token_id=tok.eos_token_id, **SHAPES[shape])
     torch.manual_seed(0)
-    net = Qwen2ForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dt = torch.bfloat16
+    weights_dt = torch.float32 if trainable else dt
+    net = Qwen2ForCausalLM(config).to(device=dev, dtype=weights_dt)
+    if weights_dt != dt:
+        net.forward = torch.autocast(dev.type, dtype=dt)(net.forward)
     net.train() if trainable else net.eval()
-    return LLM(model=net, tokenizer=tok, spec=f"random:{shape}", device=torch.device("cuda"), dtype=torch.bfloat16)
+    return LLM(model=net, tokenizer=tok, spec=f"random:{shape}", device=dev, dtype=dt)
 
 
 def device_record() -> dict:
     props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
     return {"device": props.name if props else "cpu", "memory_gib": round(props.total_memory / 2**30, 1) if props else None,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "platform": platform.platform(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda, "platform": platform.platform(),
             "cpu_count": os.cpu_count()}
 
 
