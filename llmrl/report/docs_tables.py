@@ -386,9 +386,22 @@ def llm4teach_tables(root: Path) -> list[DocTable]:
     return tables
 
 
+def kalm_imagination_table(root: Path, tier: str = "") -> DocTable:
+    """KALM's imagined rollouts, from the default pipeline's results or (``tier="study/"``) the study's."""
+    return scalar_files_table(
+        root, f"kalm-{tier.replace('/', '-')}imagination", "Imagined rollouts: the control on training goals (train) "
+        "says whether the model imagines at all (its replayed actions against random ones from the same starts); how "
+        "many the model names after their own task (consistent: the ones offline RL gets); the share the model "
+        "believes succeed, the share that do when replayed, and the per-step error of the imagined states.",
+        f"{tier}metrics/kalm", "imagine_*.json", lambda stem: stem.removeprefix("imagine_").replace("_", ", "),
+        [("rollouts", "rollouts"), ("consistent", "consistent"), ("imagined success", "imagined_success"),
+         ("replay success", "replay_success"), ("random actions' success", "random_replay_success"),
+         ("imagines", "imagines"), ("first-step MAE", "first_step_mae"), ("last-step MAE", "last_step_mae")])
+
+
 def kalm_tables(root: Path, tier: str = "") -> list[DocTable]:
     """KALM's tables from the default pipeline's results, or (``tier="study/"``) from the study's."""
-    success, ids = f"{tier}{KALM_SUCCESS}", tier.replace("/", "-")
+    success = f"{tier}{KALM_SUCCESS}"
     files = [(bench.name, path) for bench in sorted(p for p in (Path(root) / success).glob("*/") if p.is_dir())
              for path in _files(root, f"{success}/{bench.name}")]
     if not files:
@@ -398,19 +411,10 @@ def kalm_tables(root: Path, tier: str = "") -> list[DocTable]:
              *(Cell((figure(root, f"{success}/{bench}/{path.name}", lv),)) for lv in [*levels, "mean"])]
             for bench, path in files]
     return [
-        DocTable(f"kalm-{ids}headline", "Success per goal level and averaged over them, per benchmark and policy: "
-                 "real data alone against real + imagined rollouts (seed-level intervals: the results page).",
-                 [f"{success}/*/*.json"], ["benchmark", "policy", *levels, "mean"], rows),
-        scalar_files_table(root, f"kalm-{ids}imagination", "Imagined rollouts: the control on training goals (train) "
-                           "says whether the model imagines at all (its replayed actions against random ones from "
-                           "the same starts); how many the model names after their own task (consistent: the ones "
-                           "offline RL gets); the share the model believes succeed, the share that do when "
-                           "replayed, and the per-step error of the imagined states.", f"{tier}metrics/kalm",
-                           "imagine_*.json", lambda stem: stem.removeprefix("imagine_").replace("_", ", "),
-                           [("rollouts", "rollouts"), ("consistent", "consistent"),
-                            ("imagined success", "imagined_success"), ("replay success", "replay_success"),
-                            ("random actions' success", "random_replay_success"), ("imagines", "imagines"),
-                            ("first-step MAE", "first_step_mae"), ("last-step MAE", "last_step_mae")]),
+        DocTable(f"kalm-{tier.replace('/', '-')}headline", "Success per goal level and averaged over them, per "
+                 "benchmark and policy: real data alone against real + imagined rollouts (seed-level intervals: the "
+                 "results page).", [f"{success}/*/*.json"], ["benchmark", "policy", *levels, "mean"], rows),
+        kalm_imagination_table(root, tier),
     ]
 
 
@@ -529,6 +533,7 @@ TABLES: dict[str, Callable[[Path], list[DocTable]]] = {
     "llm4teach": llm4teach_tables,
     "kalm": kalm_tables,
     "kalm_study": lambda root: kalm_tables(root, "study/"),
+    "kalm_study_imagination": lambda root: [kalm_imagination_table(root, "study/")],
     "props": props_tables,
     "props_study": lambda root: props_tables(root, "study/"),
     "benchmarks": benchmark_tables,
