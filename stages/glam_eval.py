@@ -16,14 +16,14 @@ import torch
 
 from llmrl.agents.baselines import BabyAIBotPolicy, RandomPolicy
 from llmrl.agents.llm_policy import LLMBatchPolicy, build_agent, load_agent
-from llmrl.agents.symbolic import SymbolicActorCritic, SymbolicPolicy
+from llmrl.agents.symbolic import SymbolicPolicy, load_symbolic
 from llmrl.config.glam import GlamParams
 import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
 from llmrl.envs.make import make_env
 from llmrl.eval.harness import evaluate
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.files import atomic_path, verify_checksums, write_json
+from llmrl.files import atomic_path, write_json
 from llmrl.fingerprint import fingerprint_line
 from stages import paths
 from stages.common import log, open_live, stage_arguments, stage_params
@@ -37,11 +37,7 @@ def agents(p: GlamParams):
     yield "bot", [BabyAIBotPolicy], ["greedy"]
 
     def symbolic(seed: int):
-        model = SymbolicActorCritic()
-        folder = paths.glam_symbolic().model
-        verify_checksums(folder, [f"{seed}/model.pt"])  # a damaged file is a DamagedFileError naming it
-        model.load_state_dict(torch.load(folder / str(seed) / "model.pt", weights_only=True))
-        return SymbolicPolicy(model, name=f"symbolic_ppo-{seed}")
+        return SymbolicPolicy(load_symbolic(paths.glam_symbolic().model, seed), name=f"symbolic_ppo-{seed}")
 
     yield "symbolic_ppo", [lambda seed=seed: symbolic(seed) for seed in p.symbolic.seeds], p.eval.modes
 

@@ -1,17 +1,16 @@
 """Stage glam_symbolic: the Symbolic-PPO baseline (the project's PPO, MLP on the grid + mission words)."""
 
-import json
 import time
-from pathlib import Path
 
 import torch
 from gymnasium.wrappers import TimeLimit
 
+from llmrl.agents.symbolic import save_symbolic
 from llmrl.algos.symbolic_ppo import train_symbolic
 from llmrl.config.glam import GlamParams
 import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
 from llmrl.envs.make import make_env
-from llmrl.files import atomic_path, save_torch, write_checksums, write_json
+from llmrl.files import write_json
 from stages import paths
 from stages.common import log, stage_arguments, stage_params
 
@@ -30,17 +29,12 @@ def main(argv: list[str] | None = None) -> None:
         e = make_env(p.train.env_id)
         return TimeLimit(e, p.train.max_steps) if p.train.max_steps else e
 
-    finals = []
-    with atomic_path(OUT.model, is_dir=True) as tmp:
-        for seed in s.seeds:
-            model, history = train_symbolic(env, cfg, seed=seed)
-            (Path(tmp) / str(seed)).mkdir()
-            save_torch(model.state_dict(), Path(tmp) / str(seed) / "model.pt")
-            finals.append(history[-1])
-            log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("success_rate"))
-        (Path(tmp) / "meta.json").write_text(json.dumps({"env_id": p.train.env_id, "seeds": s.seeds,
-                                                         "cfg": cfg.model_dump()}, indent=2))
-        write_checksums(tmp)  # glam_eval checks each model.pt against it
+    finals, models = [], {}
+    for seed in s.seeds:
+        models[seed], history = train_symbolic(env, cfg, seed=seed)
+        finals.append(history[-1])
+        log.info("symbolic PPO seed %d: last training success %.3f", seed, history[-1].get("success_rate"))
+    save_symbolic(OUT.model, models, {"env_id": p.train.env_id, "seeds": s.seeds, "cfg": cfg.model_dump()})
     mean = lambda key: round(sum(f[key] for f in finals) / len(finals), 4)  # noqa: E731
     write_json(OUT.metrics,
                {"env_steps": cfg.iterations * cfg.batch_size, "seeds": len(s.seeds),

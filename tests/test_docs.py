@@ -6,8 +6,8 @@
   in FILE, read here independently; a cell of figures holds no number that is not such a span; each method's page
   and the benchmarks page carry generated tables.
 - The README is short, shows the quick start on its first screen, and its results table is the one the files give.
-- No "this revision", "this session" or commit hash in the README, the docs (the measurements log apart) or the
-  library's docstrings.
+- No history ("this revision", "this session", "that session", "before this change", "used to be", "no longer")
+  or commit hash in the README, the docs (the measurements log apart) or the library's docstrings.
 - The API reference documents every name of every module's ``__all__``.
 - The KALM page opens in headless Chromium without an error; its screenshot is kept in
   ``.cache/test-artifacts/docs-kalm.png`` (and under the test's tmp path).
@@ -239,6 +239,26 @@ def test_a_missing_file_or_field_stops_the_build_naming_it(tmp_path):
         expand("<!-- table: nope -->", root)
 
 
+def test_a_damaged_metrics_file_stops_the_docs_and_the_readme_naming_it(tmp_path):
+    """A number changed on disk without its checksum (still valid JSON) is refused as the report refuses it."""
+    from llmrl.files import DamagedFileError
+
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "metrics", root / "metrics")
+    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
+    rel = "metrics/llm_rl/eval/grpo.json"
+    expand("<!-- table: results -->", root)  # intact: it expands
+    data = json.loads((root / rel).read_text())
+    data["greedy"]["success"] = round(1 - data["greedy"]["success"], 4)
+    (root / rel).write_text(json.dumps(data, indent=2))  # the old checksum kept
+    with pytest.raises(DamagedFileError, match=f"{root / rel}: field 'checksum' does not match"):
+        expand("<!-- table: results -->", root)
+    with pytest.raises(DamagedFileError, match="grpo.json"):
+        expand(f"{{{{ {rel}#greedy.success }}}}", root)
+    with pytest.raises(DamagedFileError, match="grpo.json"):
+        readme_block(root)
+
+
 def test_optional_pages_join_the_nav_when_they_exist(tmp_path):
     spec = importlib.util.spec_from_file_location("docs_site_hook", DOCS / "hooks" / "site.py")
     hook = importlib.util.module_from_spec(spec)
@@ -302,7 +322,10 @@ def test_readme_and_method_pages_name_every_stage():
 
 
 # ---------------------------------------------------------------------------------------------- history
-HISTORY = re.compile(r"\bthis (revision|session)\b", re.I)
+# phrases that only tell what was; "used to" and "no longer" alone also read innocently ("is used to draw", "no longer
+# than 64 tokens"), so only their historical forms
+HISTORY = re.compile(
+    r"\bth(is|at) (revision|session)\b|\bbefore this change\b|\bused to (be|state)\b|\bno longer\b(?! than)", re.I)
 # 7 to 40 hex digits with a digit and a letter among them: a commit hash, not a number or a word
 COMMIT = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 
@@ -330,6 +353,12 @@ def test_the_history_patterns_see_what_they_should():
     assert COMMIT.findall("ran 1b4d538 and f0cb724c") == ["1b4d538", "f0cb724c"]
     assert not COMMIT.search("arXiv 2302.02662, seed 15485863, a decade, facade, deadbeef, 1e-6")
     assert HISTORY.search("As of This Revision") and not HISTORY.search("this revisions")
+    for history in ("the other runs of that session", "the committed run before this change",
+                    "the format used to be shown", "ProPS+ used to state 500", "the stage no longer writes it"):
+        assert HISTORY.search(history), history
+    for present in ("the seed is used to draw the levels", "a reply no longer than the cap",
+                    "before this changes anything"):
+        assert not HISTORY.search(present), present
 
 
 # ---------------------------------------------------------------------------------------------- in a browser

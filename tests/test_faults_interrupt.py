@@ -3,10 +3,12 @@ tiny params, in a scratch copy of the repository), is killed with SIGKILL at ran
 outputs must be the uninterrupted run's. Then, with the disk full, a run must end with a named error and leave
 those outputs intact.
 
-Kinds: LLM PPO (glam_train, restart point per update), distilled PPO (llm4teach_train, seeds published together),
-REINFORCE-KL (llm_rl_train reinforce_kl, restart point per iteration) and GRPO (llm_rl_train grpo, TRL, restarted
-from scratch), d3rlpy offline RL (kalm_offline) and KALM grounding (kalm_ground), the last two restarted from
-scratch.
+Kinds, every training stage: LLM PPO (glam_train, restart point per update), LLM behavioural cloning (glam_bc),
+Symbolic-PPO (glam_symbolic, two seeds), distilled PPO (llm4teach_train, seeds published together), distilled MAPPO
+on MPE (llm4teach_train_mpe), REINFORCE-KL (llm_rl_train reinforce_kl, restart point per iteration) and GRPO
+(llm_rl_train grpo, TRL), d3rlpy offline RL (kalm_offline), KALM grounding (kalm_ground), ProPS's baselines (random
+search, CEM and SB3 PPO: props_baselines) and ProPS's GRPO (props_grpo, TRL); all but the two with restart points
+restart from scratch.
 
 Equal means: every model file (safetensors, peft adapter, ``.pt``, ``.d3``, ``SHA256SUMS``) byte for byte; JSON
 and dvclive files value for value once wall-clock fields are set aside (seconds, rates, dvclive's timestamps),
@@ -37,7 +39,7 @@ import pytest
 
 from .faults_support import ROOT, repo_params, stage_command, stage_env, stage_repo
 
-pytestmark = pytest.mark.integration  # ~2-6 min: make test-integration (CI runs it)
+pytestmark = pytest.mark.integration  # ~20-60 s per kind: make test-integration (CI runs it)
 
 # wall-clock fields: never equal between two runs, interrupted or not
 CLOCK_KEYS = {"seconds", "cpu_seconds", "fps", "updates_per_s", "wall_seconds", "train_seconds", "step_time",
@@ -51,10 +53,18 @@ def _tiny_params() -> dict:
     g.update(model="tiny")
     g["lora"]["layers"] = None
     g["train"].update(n_envs=2, frames_per_env=4, updates=5, epochs=1, minibatch_size=8, micro_batch=4, seeds=[0])
+    # budgets of the kinds that train in well under a second otherwise: the first 3-5 s of a run are imports, so a
+    # run of a few seconds' training puts most kill moments (15-90 % of the run) inside the training
+    g["bc"].update(episodes=2, batch_size=2, epochs=80)
+    g["symbolic"].update(seeds=[0, 1])
+    g["symbolic"]["ppo"].update(total_frames=6144, num_envs=2, num_steps=32, epochs=1, minibatch_size=32)
+    p["demos"].update(envs=[g["train"]["env_id"]], episodes=2, max_steps=8)
     t = p["llm4teach"]
     t["workers"] = 1
     t["train"].update(envs=["simpledoorkey"], teachers=["oracle"], seeds=[0], curve_points=2, curve_episodes=2)
     t["train"]["ppo"].update(total_frames=512, num_envs=4, num_steps=32)
+    t["mpe"].update(seeds=[0, 1], max_cycles=5)
+    t["mpe"]["ppo"].update(total_frames=4500, num_envs=2, num_steps=5, epochs=1, minibatch_size=10)
     p["llm_rl"]["train"]["common"].update(model="tiny", iterations=4, problems_per_iteration=2, group_size=2,
                                           micro_batch=4, answer_tokens=8, line_tokens=8, gen_batch_size=4, few_shot=1)
     k = p["kalm"]
@@ -65,6 +75,14 @@ def _tiny_params() -> dict:
                         data=["real"], seeds=[0], log_every=20)
     k["ground"].update(model="tiny", benchmarks=["babyai"], trajectory_samples=6, dynamics_samples=6, goal_samples=3,
                        reverse_samples=3, epochs=1.0, batch_size=3, window=8, log_every=1)
+    pr = p["props"]
+    pr["search"].update(tasks=["pendulum"], seeds=[0, 1], iterations=40, episodes_per_eval=2, eval_episodes=1,
+                        video=False, max_episode_steps={"pendulum": 50})
+    pr["baselines"]["cem"].update(population=2, episodes_per_candidate=1)
+    pr["baselines"]["ppo"].update(n_steps=16, batch_size=16, n_epochs=1, net_arch=[8])
+    pr["grpo"].update(model="tiny", vectors=3, episodes=1)
+    pr["grpo"]["trainer"].update(num_generations=2, per_device_train_batch_size=2, max_steps=40,
+                                 max_completion_length=6)
     return p
 
 
@@ -86,13 +104,28 @@ def kalm_real(tmp_path_factory) -> Path:
     return root / "data" / "kalm" / "real"
 
 
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    """data/demos of a tiny demos run (the BabyAI bot on GLAM's training level), the input of glam_bc."""
+    root = stage_repo(tmp_path_factory.mktemp("demos"), _tiny_params())
+    run = subprocess.run(stage_command("demos.py"), cwd=root, env=stage_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root / "data" / "demos"
+
+
 KINDS = {  # kind: the stage script and its arguments (dvc.yaml's cmd)
     "glam_ppo": ["glam_train.py", "lora-0"],
+    "glam_bc": ["glam_bc.py"],
+    "symbolic_ppo": ["glam_symbolic.py"],
     "distilled_ppo": ["llm4teach_train.py", "simpledoorkey", "oracle"],
+    "distilled_mappo": ["llm4teach_train_mpe.py", "oracle"],
     "reinforce_kl": ["llm_rl_train.py", "reinforce_kl", "0"],
     "grpo": ["llm_rl_train.py", "grpo", "0"],
     "d3rlpy_offline": ["kalm_offline.py", "babyai-dbc", "real"],
     "kalm_grounding": ["kalm_ground.py", "babyai"],
+    "props_baselines": ["props_baselines.py"],
+    "props_grpo": ["props_grpo.py"],
 }
 
 
@@ -108,11 +141,14 @@ def _stage_outputs(argv: list[str]) -> list[str]:
     return [Path(p).relative_to(paths.ROOT).as_posix() for p in outputs.values()]
 
 
-def _prepare(root: Path, kind: str, kalm_real: Path) -> None:
+def _prepare(root: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    """The stage's inputs in the scratch root (the fixtures that make them run only for the kinds that read them)."""
     if kind in ("reinforce_kl", "grpo"):
         _math_problems(root)
     if kind in ("d3rlpy_offline", "kalm_grounding"):
-        shutil.copytree(kalm_real, root / "data" / "kalm" / "real")
+        shutil.copytree(request.getfixturevalue("kalm_real"), root / "data" / "kalm" / "real")
+    if kind == "glam_bc":
+        shutil.copytree(request.getfixturevalue("demos"), root / "data" / "demos")
 
 
 def _strip_clock(node):
@@ -205,7 +241,7 @@ class SmallDisk:
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_kill_9_anywhere_then_a_rerun_gives_the_uninterrupted_outputs(kind, tmp_path, kalm_real):
+def test_kill_9_anywhere_then_a_rerun_gives_the_uninterrupted_outputs(kind, tmp_path, request):
     argv = KINDS[kind]
     outputs = _stage_outputs(argv)
     seed = int(os.environ.get("LLMRL_KILL_SEED", random.randrange(2**32)))
@@ -213,7 +249,7 @@ def test_kill_9_anywhere_then_a_rerun_gives_the_uninterrupted_outputs(kind, tmp_
     params = _tiny_params()
 
     straight = stage_repo(tmp_path / "straight", params)
-    _prepare(straight, kind, kalm_real)
+    _prepare(straight, kind, request)
     t0 = time.perf_counter()
     run = _run(straight, argv)
     duration = time.perf_counter() - t0
@@ -223,7 +259,7 @@ def test_kill_9_anywhere_then_a_rerun_gives_the_uninterrupted_outputs(kind, tmp_
 
     with SmallDisk(tmp_path / "disk") as disk:
         root = stage_repo(disk.path, params)
-        _prepare(root, kind, kalm_real)
+        _prepare(root, kind, request)
         moments = []
         for _ in range(KILLS):
             after = rng.uniform(0.15, 0.9) * duration

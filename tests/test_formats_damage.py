@@ -1,7 +1,8 @@
 """Every other on-disk format a stage reads refuses damage by name (issue 38, item 3): metrics and other JSON
 (``read_json``), LLM reply caches (a damaged entry is a recorded miss), restart points (a damaged one is discarded
-and named), and saved models (safetensors folders, peft adapters, torch ``.pt``, d3rlpy ``.d3``: a ``SHA256SUMS``
-manifest checked before anything is parsed).
+and named), and saved models (safetensors folders, peft adapters, torch ``.pt`` of the student, the GLAM agent and
+Symbolic-PPO, d3rlpy ``.d3``, KALM's grounded-model folder: a ``SHA256SUMS`` manifest checked before anything is
+parsed).
 
 Each format gets a property test: random byte ranges of a written file (manifests included) are overwritten,
 bit-flipped or zeroed; the read returns the original value exactly or fails with the format's named error.
@@ -174,13 +175,18 @@ def _damage_a_file(folder: Path, data) -> tuple[Path, bytes]:
 
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory, tiny_llm):
-    """One saved folder per model format: safetensors model, peft adapter, student .pt, GLAM agent .pt, d3rlpy."""
+    """One saved folder per model format: safetensors model, peft adapter, student .pt, d3rlpy, GLAM agent
+    (``agent.pt`` + ``meta.json``), Symbolic-PPO (``<seed>/model.pt``) and KALM's grounded model (adapter, heads,
+    spec)."""
     from peft import get_peft_model
 
+    from llmrl.agents.llm_policy import build_agent, save_agent
     from llmrl.agents.offline_policy import save_learnable
     from llmrl.agents.student import MLPStudent, save_student
+    from llmrl.agents.symbolic import SymbolicActorCritic, save_symbolic
     from llmrl.algos.grpo import save_adapter
     from llmrl.config.lora import LoraSettings
+    from llmrl.llm.grounded import GroundingSpec, build_grounded
     from llmrl.llm.load import save_model
     from llmrl.llm.load import load_model, peft_lora_config
 
@@ -196,16 +202,25 @@ def model_folders(tmp_path_factory, tiny_llm):
     learnable = d3rlpy.algos.DiscreteBCConfig(batch_size=4).create(device=False)
     learnable.create_impl((4,), 2)
     save_learnable(learnable, root / "d3" / "model.d3")
+    build = {"model": "tiny", "variant": "lora", "seed": 0}
+    save_agent(build_agent(**build), root / "glam_agent", {"build": build, "history": 1})
+    save_symbolic(root / "glam_symbolic", {0: SymbolicActorCritic()},
+                  {"env_id": "BabyAI-Text-GoToObjS4-v0", "seeds": [0]})
+    build_grounded(GroundingSpec(obs_dim=5, action_dim=3, discrete=False, base_model="tiny",
+                                 finetune="lora")).save(root / "kalm_grounded")
     return root
 
 
-FORMATS = ["base", "adapter", "student", "d3"]
+FORMATS = ["base", "adapter", "student", "d3", "glam_agent", "glam_symbolic", "kalm_grounded"]
 
 
 def _load(kind: str, folder: Path, base: Path):
     """The project's loader of each format (what a stage calls); ``base``: the adapter's base model."""
+    from llmrl.agents.llm_policy import load_agent
     from llmrl.agents.offline_policy import OfflinePolicy
     from llmrl.agents.student import load_student
+    from llmrl.agents.symbolic import load_symbolic
+    from llmrl.llm.grounded import GroundedLM
     from llmrl.llm.load import load_adapter, load_model
 
     if kind == "base":
@@ -214,6 +229,12 @@ def _load(kind: str, folder: Path, base: Path):
         return load_adapter(load_model(str(base)).model, folder)
     if kind == "student":
         return load_student(folder / "student.pt")
+    if kind == "glam_agent":  # glam_eval's and glam_generalisation's loader
+        return load_agent(folder)
+    if kind == "glam_symbolic":  # glam_eval's loader
+        return load_symbolic(folder, 0)
+    if kind == "kalm_grounded":  # kalm_imagine's loader (kalm_eval's too, through GroundedPolicy)
+        return GroundedLM.load(folder)
     return OfflinePolicy.load(folder / "model.d3", np.zeros(2, np.float32))
 
 

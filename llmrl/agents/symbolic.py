@@ -8,6 +8,8 @@ the harness.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -16,7 +18,9 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-__all__ = ["SymbolicObs", "SymbolicActorCritic", "SymbolicPolicy"]
+from llmrl.files import atomic_path, save_torch, verify_checksums, write_checksums
+
+__all__ = ["SymbolicObs", "SymbolicActorCritic", "SymbolicPolicy", "save_symbolic", "load_symbolic"]
 
 VOCAB = ("go", "to", "pick", "up", "open", "put", "next", "the", "a", "then", "after", "you", "and", "red", "green",
          "blue", "purple", "yellow", "grey", "key", "ball", "box", "door", "object", "on", "your", "left", "right",
@@ -78,3 +82,25 @@ class SymbolicPolicy:
             logits, _ = self.model(torch.as_tensor(encode(obs))[None])
         probs = torch.softmax(logits[0], -1)
         return int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+def save_symbolic(folder: str | Path, models: dict[int, SymbolicActorCritic], meta: dict) -> None:
+    """One ``<seed>/model.pt`` per trained model, ``meta.json`` and their checksums (``SHA256SUMS``, checked by
+    ``load_symbolic``), written atomically into ``folder``."""
+    with atomic_path(folder, is_dir=True) as tmp:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for seed, model in models.items():
+            (tmp / str(seed)).mkdir()
+            save_torch(model.state_dict(), tmp / str(seed) / "model.pt")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        write_checksums(tmp)
+
+
+def load_symbolic(folder: str | Path, seed: int) -> SymbolicActorCritic:
+    """Seed ``seed``'s model saved by ``save_symbolic``; a damaged file is a ``DamagedFileError`` naming it, raised
+    before the file is read."""
+    folder = Path(folder)
+    verify_checksums(folder, [f"{seed}/model.pt"])
+    model = SymbolicActorCritic()
+    model.load_state_dict(torch.load(folder / str(seed) / "model.pt", weights_only=True))
+    return model

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from llmrl.files import read_json
 from llmrl.report.collect import MissingResultError
 
 __all__ = ["Figure", "Cell", "DocTable", "ResultFieldError", "TABLES", "README_BEGIN", "README_END",
@@ -57,11 +58,17 @@ def _load(root: Path, rel: str) -> Any:
     path = Path(root) / rel
     if not path.is_file():
         raise MissingResultError(f"{rel}: missing (the docs read it; run or pull the stage that writes it)")
-    text = path.read_text()
-    return yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    if path.suffix in (".yaml", ".yml"):
+        return yaml.safe_load(path.read_text())
+    if rel.startswith(UNCHECKED_JSON):
+        return json.loads(path.read_text())
+    return read_json(path)  # the report's reader: a file whose checksum does not match is a DamagedFileError
 
 
 CONF_SOURCE = "conf:"
+# bench/results/*.json are timings written by the bench scripts, most without a checksum; every other JSON source
+# (metrics/, plots/props/report.json, under study/ too) is a stage's write_json output and is checked.
+UNCHECKED_JSON = ("bench/",)
 
 
 def split_key(key: str | Sequence[str | int]) -> tuple[str | int, ...]:
