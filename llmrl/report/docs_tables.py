@@ -346,6 +346,24 @@ def glam_tables(root: Path) -> list[DocTable]:
     ]
 
 
+def llm_rl_study_tables(root: Path) -> list[DocTable]:
+    """The study's LLM_RL evaluation (3 training seeds, every test problem): each model's accuracy with its interval
+    over training seeds, and each variant's reading against the base model (``vs_base`` of its per-model entry)."""
+    table = headline_folder_table(
+        root, "llm_rl-study-eval", "Study: test problems (success = the correct final answer), each variant over its "
+        "training seeds (the interval is over seeds), the base model once.", "study/metrics/llm_rl/eval",
+        extras=(("answer tokens", "tokens"), ("cut by the cap", "truncated"), ("parse failure", "parse_failure")),
+        order=("base", "reinforce_kl", "grpo"))
+    responses = "study/metrics/llm_rl/responses"
+    rows = [[label(f"`{path.stem}`"), label(mode), Cell((figure(root, f"{responses}/{path.name}", (mode, "vs_base")),))]
+            for path in sorted(_files(root, responses)) for mode in MODES
+            if path.stem != "base" and "vs_base" in _load(root, f"{responses}/{path.name}").get(mode, {})]
+    against = DocTable("llm_rl-study-vs-base", "Study: each variant's seed-level interval against the base model's "
+                       "(`higher`/`lower` only where the intervals do not overlap, else `overlapping`).",
+                       [f"{responses}/*.json"], ["variant", "mode", "against the base model"], rows)
+    return [table, against]
+
+
 def llm_rl_tables(root: Path) -> list[DocTable]:
     curve = "bench/results/llm_rl_curve.json"
     rows = []
@@ -537,6 +555,7 @@ TABLES: dict[str, Callable[[Path], list[DocTable]]] = {
     "baselines": baselines_tables,
     "glam": glam_tables,
     "llm_rl": llm_rl_tables,
+    "llm_rl_study": llm_rl_study_tables,
     "llm4teach": llm4teach_tables,
     "kalm": kalm_tables,
     "kalm_study": lambda root: kalm_tables(root, "study/"),
