@@ -68,9 +68,10 @@ repro: setup
 # The study tier (docs/tiers.md): each method's claim at study scale, the stages of study/dvc.yaml writing under
 # study/ with every method at its study profile (pipelines/tiers.py); `make repro` and `dvc repro` never start it.
 # Parts already done (committed by a run elsewhere: their results are git-tracked) are skipped, so the study can be
-# completed in parts on different machines.
+# completed in parts on different machines. Its memory cap is 12 GiB, not the default's 7: at 7 two LLM_RL training
+# items (meta.mem_gib 4.5 each; about 3.5 GiB measured) could not run side by side.
 study: setup
-	$(BIN)/python pipelines/reproduce.py --pipeline study/dvc.yaml --allow-missing --workers $(WORKERS) --mem-gib 7
+	$(BIN)/python pipelines/reproduce.py --pipeline study/dvc.yaml --allow-missing --workers $(WORKERS) --mem-gib 12
 
 # tests/test_report.py opens the results page in Debian's chromium (through playwright): installed once, where
 # apt-get exists (as root, else through sudo); elsewhere that test skips, or fails when CI is set.
