@@ -94,24 +94,25 @@ def _math_problems(root: Path) -> None:
     (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _upstream_output(tmp_path_factory, script: str, output: str) -> Path:
+    """``output`` of a tiny run of the upstream stage ``script``, in a workspace of its own."""
+    root = stage_repo(tmp_path_factory.mktemp(Path(script).stem), _tiny_params())
+    run = subprocess.run(stage_command(script), cwd=root, env=stage_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root / output
+
+
 @pytest.fixture(scope="module")
 def kalm_real(tmp_path_factory) -> Path:
     """data/kalm/real of a tiny kalm_data run, the input of kalm_offline and kalm_ground."""
-    root = stage_repo(tmp_path_factory.mktemp("kalm_data"), _tiny_params())
-    run = subprocess.run(stage_command("kalm_data.py"), cwd=root, env=stage_env(), capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return root / "data" / "kalm" / "real"
+    return _upstream_output(tmp_path_factory, "kalm_data.py", "data/kalm/real")
 
 
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory) -> Path:
     """data/demos of a tiny demos run (the BabyAI bot on GLAM's training level), the input of glam_bc."""
-    root = stage_repo(tmp_path_factory.mktemp("demos"), _tiny_params())
-    run = subprocess.run(stage_command("demos.py"), cwd=root, env=stage_env(), capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return root / "data" / "demos"
+    return _upstream_output(tmp_path_factory, "demos.py", "data/demos")
 
 
 KINDS = {  # kind: the stage script and its arguments (dvc.yaml's cmd)
