@@ -13,7 +13,8 @@ per iteration, per-seed values, the quadratic check's seed-paired verdict agains
 line; a plain out), curves of best
 return vs episodes per method (dvclive, plots/props/curves/<task>/<method>/; LLM methods' points carry
 ``fallbacks``, the seeds whose point there was a random fallback) and an MP4 of the best LLM-found policy's
-held-out evaluation episode per task (plots/props/videos/<task>.mp4; rgb_array frames → imageio-ffmpeg).
+held-out evaluation episode per task (plots/props/videos/<task>.mp4; rgb_array frames → imageio-ffmpeg), listed
+with the run each shows in plots/props/videos/index.json (written with ``props.search.video`` off too).
 """
 
 import imageio
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict = {"env": fingerprint_line(), "statistic": ev.statistic, "confidence": ev.confidence,
                     "held_out_episodes": search.eval_episodes, "tasks": {}}
     transfer = read_json(paths.props_transfer().runs / "runs.json")
+    videos: dict = {}
     with atomic_path(OUT.metrics, is_dir=True) as mdir, atomic_path(OUT.videos, is_dir=True) as vdir:
         for key in search.tasks:
             runs = read_json(paths.props_search(key).runs / "runs.json")["runs"]
@@ -62,8 +64,12 @@ def main(argv: list[str] | None = None) -> None:
                 frames, ret = render_episode(search_task(search, key), np.asarray(best["final_params"]),
                                              int(held_out_seeds(search)[0]))
                 imageio.mimwrite(vdir / f"{key}.mp4", frames, fps=30, codec="libx264", macro_block_size=8)
+                videos[key] = {"file": f"{key}.mp4", "method": best["method"], "seed": best["seed"],
+                               "return": round(float(ret), 4), "frames": len(frames)}
                 log.info("%s: video of %s seed %d (return %.1f, %d frames)", key, best["method"], best["seed"], ret,
                          len(frames))
+        # git keeps no empty folder, and this out is git-tracked: without a file here a fresh clone lacks it
+        write_json(vdir / "index.json", {"video": search.video, "videos": videos})
         quad = read_json(paths.props_quadratic().runs / "runs.json")
         q_methods = list(dict.fromkeys(r["method"] for r in quad["runs"]))
         q_table = {m: headline([r for r in quad["runs"] if r["method"] == m], **kw) for m in q_methods}

@@ -3,6 +3,8 @@ models; params.yaml and the study's files are what conf/ and dvc.yaml give; the 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -63,6 +65,24 @@ def test_the_study_pipeline_writes_under_study_and_tracks_its_results():
                 assert path.startswith("study/"), (name, path)
                 if path.startswith(("study/metrics/", "study/plots/")):
                     assert isinstance(out, dict) and out[path].get("cache") is False, (name, path)
+
+
+@pytest.mark.parametrize("lock", ["dvc.lock", "study/dvc.lock"])
+def test_no_git_tracked_folder_out_is_empty(lock):
+    """git keeps no empty folder: an empty cache: false folder out is missing from every fresh clone, so a
+    committed stage looks changed there and a stage reading it fails."""
+    pipeline = yaml.safe_load((ROOT / lock.replace(".lock", ".yaml")).read_text())["stages"]
+    untracked_by_dvc = set()
+    for stage in pipeline.values():
+        for kind in ("outs", "metrics", "plots"):
+            for out in stage.get("do", stage).get(kind, []):
+                if isinstance(out, dict) and next(iter(out.values())).get("cache") is False:
+                    untracked_by_dvc.add(next(iter(out)))
+    patterns = [re.compile(re.sub(r"\\\$\\\{[^}]*\\\}", "[^/]+", re.escape(p)) + "$") for p in untracked_by_dvc]
+    empty = [(name, out["path"]) for name, stage in yaml.safe_load((ROOT / lock).read_text())["stages"].items()
+             for out in stage.get("outs", []) if out.get("nfiles") == 0
+             and any(p.match(out["path"]) for p in patterns)]
+    assert patterns and not empty
 
 
 def test_study_dag_maps_inputs_to_study_outputs():
