@@ -199,6 +199,16 @@ def write(check: bool = False) -> list[str]:
         ROOT / STUDY / "dvc.yaml": HEADER.format(source="dvc.yaml and pipelines/tiers.py (STUDY_STAGES)")
         + buf.getvalue(),
     }
+    import yaml as pyyaml
+
+    from llmrl.config import ParamsError
+    from llmrl.config.profiles import validate_params
+
+    for path in (ROOT / "params.yaml", ROOT / STUDY / "params.yaml"):  # a bad profile fails here, writing nothing
+        try:
+            validate_params(pyyaml.safe_load(wanted[path]))
+        except ParamsError as err:
+            raise ParamsError(f"{path.relative_to(ROOT)} as conf/ composes it:\n{err}") from None
     stale = []
     for path, text in wanted.items():
         current = path.read_text(encoding="utf-8") if path.is_file() else None

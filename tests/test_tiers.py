@@ -42,6 +42,18 @@ def test_generated_files_are_up_to_date():
     assert tiers.write(check=True) == []
 
 
+def test_writing_a_bad_profile_names_the_key_and_writes_nothing(tmp_path, monkeypatch):
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    good = tiers.params_text()
+    bad = good.replace("episodes: 100\n", "episodes: 60\n", 1)  # glam.eval.episodes, validated >= 100
+    assert bad != good
+    monkeypatch.setattr(tiers, "ROOT", tmp_path)
+    monkeypatch.setattr(tiers, "params_text", lambda overrides=(): bad)
+    with pytest.raises(ParamsError, match=r"params.yaml as conf/ composes it:\n(.|\n)*glam.eval.episodes"):
+        tiers.write()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dvc.yaml"]
+
+
 def test_dvc_composes_params_at_exp_run():
     config = (ROOT / ".dvc" / "config").read_text()
     assert "[hydra]" in config and "enabled = true" in config
