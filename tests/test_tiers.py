@@ -84,13 +84,13 @@ def test_no_git_tracked_folder_out_is_empty(lock):
     """git keeps no empty folder: an empty cache: false folder out is missing from every fresh clone, so a
     committed stage looks changed there and a stage reading it fails."""
     pipeline = yaml.safe_load((ROOT / lock.replace(".lock", ".yaml")).read_text())["stages"]
-    untracked_by_dvc = set()
+    git_tracked = set()
     for stage in pipeline.values():
         for kind in ("outs", "metrics", "plots"):
             for out in stage.get("do", stage).get(kind, []):
                 if isinstance(out, dict) and next(iter(out.values())).get("cache") is False:
-                    untracked_by_dvc.add(next(iter(out)))
-    patterns = [re.compile(re.sub(r"\\\$\\\{[^}]*\\\}", "[^/]+", re.escape(p)) + "$") for p in untracked_by_dvc]
+                    git_tracked.add(next(iter(out)))
+    patterns = [re.compile(re.sub(r"\\\$\\\{[^}]*\\\}", "[^/]+", re.escape(p)) + "$") for p in git_tracked]
     empty = [(name, out["path"]) for name, stage in yaml.safe_load((ROOT / lock).read_text())["stages"].items()
              for out in stage.get("outs", []) if out.get("nfiles") == 0
              and any(p.match(out["path"]) for p in patterns)]
