@@ -46,12 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(p.threads)
     launch = launched()
     accelerator, main_process = launch.accelerator, launch.is_main
-    device = launch.device or "cpu"
     start = time.perf_counter()
     rng = seed_everything(p.seed)
     train = read_episodes(REAL / f"{benchmark}.h5")
     val = read_episodes(REAL / f"{benchmark}_validation.h5")
-    model = build_grounded(grounding_spec(benchmark, train, p), lora=p.lora, device=device)
+    model = build_grounded(grounding_spec(benchmark, train, p), lora=p.lora, device=launch.device)
     samples = build_samples(model, train, p, rng)
     val_samples = build_samples(model, val, validation_params(p), np.random.default_rng(p.seed + 1))
     before = evaluate_losses(model, val_samples, p)

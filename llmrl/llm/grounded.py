@@ -539,9 +539,10 @@ class GroundedLM(nn.Module):
             write_checksums(tmp)
 
     @classmethod
-    def load(cls, model_dir: str | Path, *, base_model: str | None = None, device: str | None = "cpu",
+    def load(cls, model_dir: str | Path, *, base_model: str | None = None, device: str | None = None,
              dtype: str | None = "float32") -> GroundedLM:
-        """The model saved by ``save``; ``base_model`` overrides the saved base model spec (LoRA only)."""
+        """The model saved by ``save``; ``base_model`` overrides the saved base model spec (LoRA only). ``device``
+        None: CUDA where there is one."""
         model_dir = Path(model_dir)
         cfg_path = model_dir / CONFIG_FILE
         if not cfg_path.is_file():
@@ -588,10 +589,10 @@ def trajectory_prompt(instruction: str) -> str:
     return f"Instruction: {instruction}\nTrajectory:"
 
 
-def build_grounded(spec: GroundingSpec, *, lora: LoraSettings | None = None, device: str | None = "cpu",
+def build_grounded(spec: GroundingSpec, *, lora: LoraSettings | None = None, device: str | None = None,
                    dtype: str | None = "float32") -> GroundedLM:
     """A fresh grounded model on ``spec.base_model``: LoRA adapter when ``spec.finetune == "lora"``, else all
-    weights trainable. Projections and heads are always trainable."""
+    weights trainable. Projections and heads are always trainable. ``device`` None: CUDA where there is one."""
     if spec.finetune not in ("lora", "full"):
         raise ValueError(f"finetune: {spec.finetune!r}, expected 'lora' or 'full'")
     llm = load_model(spec.base_model, device=device, dtype=dtype,

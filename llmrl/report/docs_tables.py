@@ -535,8 +535,25 @@ def benchmark_tables(root: Path) -> list[DocTable]:
                          Cell((figure(root, rel, "machine/device"),)), Cell((figure(root, rel, "dtype"),)),
                          Cell((figure(root, rel, speed), f" {unit}")), Cell((figure(root, rel, "peak_gpu_gib"), " GiB"))])
     gpu = DocTable("gpu", "`bench/gpu.py` on a GPU, a few minutes at a paper profile: speeds and memory, not results.",
-                   ["bench/results/gpu_*.json"], ["file", "profile", "device", "dtype", "speed", "peak GPU memory"],
+                   ["bench/results/gpu_glam_float32.json", "bench/results/gpu_llm_rl.json"],
+                   ["file", "profile", "device", "dtype", "speed", "peak GPU memory"],
                    gpu_rows)
+    paper_rows = []
+    for path in sorted((Path(root) / "bench" / "results").glob("gpu_paper_*.json")):
+        rel = str(path.relative_to(root))
+        for i, stage in enumerate(read_value(root, rel, "stages")):
+            state = ("ran" if "skipped" not in stage and "error" not in stage else "failed" if "error" in stage
+                     else "not run: an earlier stage failed" if "failed" in stage["skipped"]
+                     else "not run: the run's time was spent")
+            cells = [Cell((figure(root, rel, ("stages", i, key)), unit)) if key in stage else label(EM_DASH)
+                     for key, unit in (("seconds", " s"), ("peak_gpu_gib", " GiB"))]
+            paper_rows.append([label(f"`{path.name}`"), Cell((figure(root, rel, ("stages", i, "stage")),)),
+                               Cell((figure(root, rel, "device"),)), *cells, label(state)])
+    gpu_paper = DocTable("gpu_paper", "`bench/gpu_paper.py` on a GPU: each method's paper profile through the "
+                         "tiers switch, its stages with the iterations, seeds and episodes cut to minutes and a "
+                         "random-weight model of Qwen2.5-0.5B's shape: speeds and memory, not results.",
+                         ["bench/results/gpu_paper_*.json"],
+                         ["file", "stage", "device", "wall time", "peak GPU memory (torch)", ""], paper_rows)
     det = "bench/results/determinism.json"
     groups = read_value(root, det, "groups_of_identical_results")
     det_rows = [[label(f"group {g + 1}"),
@@ -546,7 +563,7 @@ def benchmark_tables(root: Path) -> list[DocTable]:
     determinism = DocTable("determinism", "`bench/determinism.py`: student PPO on DoorKey, each variant in a fresh "
                            "process; variants in one group gave byte-identical weights and metrics.", [det],
                            ["", "variants (ATen ISA level, threads, MKL_CBWR, deterministic algorithms)"], det_rows)
-    return [main, gpu, determinism]
+    return [main, gpu, gpu_paper, determinism]
 
 
 # ---------------------------------------------------------------------------------------------- expansion
