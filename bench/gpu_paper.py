@@ -64,8 +64,8 @@ ON_GPU: dict[str, dict] = {
     "kalm": {
         "data": {"metaworld_episodes_per_task": 2, "babyai_episodes_per_task": 2, "validation_episodes_per_task": 1,
                  "agreement_test_episodes": 0, "embed_model": MODEL},
-        # windows and horizons of 25 and 10 steps instead of 100 and 64: a random model never ends an observation
-        # early, so each imagined step is a whole reply's length
+        # windows and horizons of 25 and 10 steps instead of 100 and 64: a grounding sample's length and a
+        # rollout's forward passes grow with them
         "ground": {"model": MODEL, "trajectory_samples": 32, "dynamics_samples": 32, "goal_samples": 16,
                    "reverse_samples": 16, "reverse_states": 4, "window": 25, "epochs": 1.0, "log_every": 4},
         "imagine": {"levels": ["easy"], "rollouts": 16, "batch_size": 16, "metaworld_horizon": 10, "babyai_horizon": 10,
@@ -97,17 +97,6 @@ KALM_ALGOS_KEPT = ("babyai-dcql", "metaworld-cql", "metaworld-iql")
 OFFLINE_STEPS = 200
 
 
-def overrides(mapping: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key, value in mapping.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out += overrides(value, f"{path}.")
-        else:
-            out.append(f"++{path}={json.dumps(value)}")
-    return out
-
-
 # What the paper profile asks of a GPU, undone for ``prepare --on-cpu`` (a smoke test of this script without one).
 ON_CPU = {"props": {"grpo": {"device": None, "dtype": "auto", "trainer": {"bf16": False}}},
           "llm_rl": {"train": {"common": {"device": None, "dtype": "auto"}}}}
@@ -118,6 +107,7 @@ TINY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, nu
 
 def compose_on_gpu(on_cpu: bool = False) -> dict:
     from pipelines.tiers import compose
+    from tests.stage_runs import overrides  # nested keys as Hydra overrides, as the stage tests set theirs
 
     base = [*(f"{m}=paper" for m in METHODS), *overrides(ON_GPU), *overrides(ON_CPU if on_cpu else {})]
     algos = compose(base)["kalm"]["offline"]["algos"]
