@@ -39,7 +39,20 @@ from llmrl.llm.load import LLM, load_model, load_tokenizer  # noqa: E402
 EMBEDDED = "embedded:smollm2-135m-instruct"
 # Qwen2.5-0.5B's config.json (hidden, layers, heads, KV heads, MLP width); the vocabulary is SmolLM2's.
 SHAPES = {"qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                               intermediate_size=4864, rope_theta=1_000_000.0, tie_word_embeddings=True)}
+                               intermediate_size=4864, rope_theta=1_000_000.0, tie_word_embeddings=True),
+          # a model a CPU runs in seconds: the smoke tests of these scripts
+          "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128, tie_word_embeddings=True)}
+
+
+def shape_config(shape: str, tok, max_positions: int = 4096):
+    """A Qwen2 config of the named shape with ``tok``'s vocabulary."""
+    from transformers import Qwen2Config
+
+    # No pad_token_id in the config: it would zero that token's embedding row, and a chat prompt opening with a
+    # zero vector multiplies the gradient through every RMSNorm by 1/sqrt(eps) (inf by layer 5 of 24).
+    return Qwen2Config(vocab_size=len(tok), max_position_embeddings=max_positions, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id, **SHAPES[shape])
 
 
 def paper_section(method: str) -> dict:
@@ -53,15 +66,12 @@ def build_llm(model: str, shape: str | None, *, trainable: bool, dtype: str | No
     named shape, held as ``load_model`` holds a model: fp32 weights under bf16 autocast when trained, bf16 else."""
     if shape is None:
         return load_model(model, trainable=trainable, dtype=dtype)
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     tok = load_tokenizer(EMBEDDED)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    # No pad_token_id in the config: it would zero that token's embedding row, and a chat prompt opening with a
-    # zero vector multiplies the gradient through every RMSNorm by 1/sqrt(eps) (inf by layer 5 of 24).
-    config = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, **SHAPES[shape])
+    config = shape_config(shape, tok)
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dt = torch.bfloat16

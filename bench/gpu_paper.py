@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -100,11 +99,6 @@ OFFLINE_STEPS = 200
 # What the paper profile asks of a GPU, undone for ``prepare --on-cpu`` (a smoke test of this script without one).
 ON_CPU = {"props": {"grpo": {"device": None, "dtype": "auto", "trainer": {"bf16": False}}},
           "llm_rl": {"train": {"common": {"device": None, "dtype": "auto"}}}}
-# ``run --shape tiny``: the same path on a model a CPU runs in seconds.
-TINY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=128, tie_word_embeddings=True)
-
-
 def compose_on_gpu(on_cpu: bool = False) -> dict:
     from pipelines.tiers import compose
     from tests.stage_runs import overrides  # nested keys as Hydra overrides, as the stage tests set theirs
@@ -179,36 +173,18 @@ def prepare(args) -> None:
         print(f"{method}: {', '.join(name for name, _ in items)}")
 
 
-def device_record() -> dict:
-    import torch
-    import transformers
-
-    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
-    return {"device": props.name if props else "cpu",
-            "memory_gib": round(props.total_memory / 2**30, 1) if props else None,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-            "platform": platform.platform(), "cpu_count": os.cpu_count()}
-
-
 def build_model_folder(shape: str) -> dict:
     """``models/base_llm`` as the base_llm stage writes it, with random weights of ``shape`` (``bench/gpu.py``)."""
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from gpu import SHAPES
-
-    shapes = {**SHAPES, "tiny": TINY_SHAPE}
+    from gpu import shape_config
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     from llmrl.llm.load import save_model
 
     tok = AutoTokenizer.from_pretrained(PLAN / "tokenizer")
-    # No pad_token_id in the config: it would zero that embedding row (bench/gpu.py says why that breaks training).
-    config = Qwen2Config(vocab_size=len(tok), max_position_embeddings=32768, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, **shapes[shape])
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        net = Qwen2ForCausalLM(config)
+        net = Qwen2ForCausalLM(shape_config(shape, tok, max_positions=32768))  # ProPS's prompts reach 24,576
     save_model(net.to("cpu"), tok, ROOT / MODEL)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the stages' processes measure their own peaks
@@ -217,10 +193,10 @@ def build_model_folder(shape: str) -> dict:
 
 def stage_metrics(name: str, argv: list[str]) -> dict:
     """The stage's small JSON outputs under metrics/ (its headline numbers), by path."""
-    from stages import paths
+    from tests.stage_runs import declared_outputs
 
     found = {}
-    for out in getattr(paths, name.split("@")[0])(*argv[1:]).values():
+    for out in declared_outputs(ROOT, name, argv):
         files = [out] if out.is_file() else sorted(out.rglob("*.json")) if out.is_dir() else []
         for f in files:
             rel = f.relative_to(ROOT)
@@ -292,6 +268,8 @@ def run_method(args) -> None:
     prepare_stage_process()
     import torch
 
+    from gpu import device_record
+
     from llmrl.files import write_json
 
     start = time.perf_counter()
@@ -339,7 +317,7 @@ def main() -> None:
     p.add_argument("--on-cpu", action="store_true", help="the plan for a smoke test of this script on a CPU")
     r = sub.add_parser("run", help="build the model folder and run the plan's stages (on the GPU machine)")
     r.add_argument("--shape", default="qwen2.5-0.5b",
-                   help="random weights of this shape (bench/gpu.py's SHAPES, or tiny)")
+                   help="random weights of this shape (bench/gpu.py's SHAPES)")
     r.add_argument("--seconds", type=float, default=480, help="the whole run's budget: no stage starts after it")
     r.add_argument("--min-left", type=float, default=20, help="no stage starts with fewer seconds than this left")
     r.add_argument("--methods", nargs="*", choices=METHODS, help="default: all, in METHODS' order")
@@ -354,7 +332,7 @@ def main() -> None:
     if args.step is None:  # `make bench` runs every script: this one is two steps, the second on a GPU machine
         print("bench/gpu_paper.py: skipped (run `prepare` here, then `run` on a GPU machine: docs/gpu.md)")
         return
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # the stages and the stage tests' helpers; bench/gpu.py
     {"prepare": prepare, "run": run, "run-method": run_method}[args.step](args)
 
 
