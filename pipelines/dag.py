@@ -33,7 +33,39 @@ class StageNode:
     metrics: tuple[str, ...] = ()
 
 
-def _to_run(graph, order: list) -> list:
+def _absent(dep, repo) -> bool:
+    """``dep`` is not on this machine: deleted, or a folder holding only files git tracks (the ``.gitignore`` DVC
+    writes beside per-item outputs, checked out with the clone) while its DVC-tracked content is elsewhere."""
+    path = Path(dep.fs_path)
+    if not path.exists():
+        return True
+    if not path.is_dir():
+        return False
+    return all(repo.scm.is_tracked(str(f)) for f in path.rglob("*") if f.is_file())
+
+
+def _changed(stage, repo) -> bool:
+    """``Stage.changed(allow_missing=True)``, with an input folder that holds only git-tracked files counted as
+    missing (DVC calls it modified): a fresh clone has such folders wherever a stage wrote items into one."""
+    if stage.changed_stage():
+        return True
+    for dep in stage.deps:
+        if dep.status() and not _absent(dep, repo):
+            return True
+    return stage.changed_outs(allow_missing=True)
+
+
+def _needs_from(stage, up, repo) -> bool:
+    """``stage`` reads an output of ``up`` that is not here (a git-tracked result of ``up`` is here in any clone)."""
+    outs = [Path(o.fs_path) for o in up.outs]
+    for dep in stage.deps:
+        path = Path(dep.fs_path)
+        if any(path == o or o in path.parents or path in o.parents for o in outs) and _absent(dep, repo):
+            return True
+    return False
+
+
+def _to_run(graph, order: list, repo) -> list:
     """``order``'s stages that ``dvc repro --allow-missing`` would run, and the upstream stages whose outputs they
     need (``read_dag``)."""
     import networkx as nx
@@ -42,13 +74,13 @@ def _to_run(graph, order: list) -> list:
     # DVC counts a stage without a dvc.lock entry as unchanged when its inputs are missing too: a stage is done only
     # when the lock records every dep and out of it (hash_info set) and nothing but missing data differs
     recorded = {s for s in order if all(x.hash_info for x in (*s.deps, *s.outs))}
-    needed = {s for s in order if s not in recorded or s.changed(allow_missing=True)}
+    needed = {s for s in order if s not in recorded or _changed(s, repo)}
     for s in list(needed):
         needed |= nx.ancestors(graph, s) & members  # downstream of a stale stage: its inputs will change
     for s in reversed(order):  # downstream first: a stage that runs pulls in upstream stages with missing outputs
         if s in needed:
             for up in graph.successors(s):
-                if up in members and up not in needed and up.changed():
+                if up in members and up not in needed and _needs_from(s, up, repo):
                     needed.add(up)
     return [s for s in order if s in needed]
 
@@ -89,7 +121,7 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None, pipeline: str 
             order = [s for s in order if s in wanted]
         if allow_missing:
             with repo.lock:  # Stage.changed reads the workspace under the repository's lock
-                order = _to_run(graph, order)
+                order = _to_run(graph, order, repo)
         chain: dict = {}
         for s in order[::-1]:  # dependents first: a stage's chain is its minutes plus its longest dependent's
             minutes = (s.meta or {}).get("minutes", 1)

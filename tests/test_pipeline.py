@@ -508,3 +508,45 @@ def test_a_fresh_clone_runs_only_the_study_parts_still_to_do(tmp_path):
         "base", "study/dvc.yaml:part2"]
     with pytest.raises(ValueError, match="no stages"):
         read_dag(fresh, pipeline="other/dvc.yaml")
+
+
+def test_a_fresh_clone_of_a_done_study_runs_nothing_and_a_new_part_only_its_chain(tmp_path):
+    """Shapes the real pipelines have: stages that write items into one folder (DVC then commits a `.gitignore`
+    into it, so a fresh clone has the folder, nearly empty) read by a later stage, and a default stage with a
+    git-tracked result beside a cached one. A fresh clone of a finished study plans no stage; a new study part
+    that reads only the git-tracked result runs alone; one that reads the cached output runs that stage's chain."""
+    from pipelines.dag import read_dag
+
+    repo = tmp_path / "done"
+    (repo / "study").mkdir(parents=True)
+    (repo / "params.yaml").write_text("n: 1\n")
+    (repo / "study" / "params.yaml").write_text("n: 2\n")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "item": {"foreach": ["a", "b"], "do": {"cmd": "mkdir -p items && echo ${item} > items/${item}.txt",
+                                                "outs": ["items/${item}.txt"]}},
+        "summary": {"cmd": "mkdir -p cached && cat items/*.txt > cached/all.txt && echo 2 > result.json",
+                    "deps": ["items"], "outs": ["cached"], "metrics": [{"result.json": {"cache": False}}]},
+    }}))
+    study = {"count": {"wdir": "..", "cmd": "ls items | wc -l > study/count.json", "deps": ["items"],
+                       "metrics": [{"study/count.json": {"cache": False}}]}}
+    (repo / "study" / "dvc.yaml").write_text(yaml.safe_dump({"stages": study}))
+    _git("init", "-q", cwd=repo)
+    _dvc("init", "-q", cwd=repo)
+    _dvc("repro", "-q", "dvc.yaml", cwd=repo)
+    _dvc("repro", "-q", "study/dvc.yaml", cwd=repo)
+    _git("add", "-A", cwd=repo)
+    _git("commit", "-qm", "default and study", cwd=repo)
+    fresh = tmp_path / "fresh"
+    _git("clone", "-q", str(repo), str(fresh), cwd=tmp_path)
+    assert sorted(p.name for p in (fresh / "items").iterdir()) == [".gitignore"]
+    assert read_dag(fresh, pipeline="study/dvc.yaml", allow_missing=True) == []
+    study["reads_result"] = {"wdir": "..", "cmd": "cat result.json > study/r.json", "deps": ["result.json"],
+                             "metrics": [{"study/r.json": {"cache": False}}]}
+    (fresh / "study" / "dvc.yaml").write_text(yaml.safe_dump({"stages": study}))
+    assert [n.name for n in read_dag(fresh, pipeline="study/dvc.yaml", allow_missing=True)] == [
+        "study/dvc.yaml:reads_result"]
+    study["reads_cached"] = {"wdir": "..", "cmd": "cat cached/all.txt > study/c.json", "deps": ["cached"],
+                             "metrics": [{"study/c.json": {"cache": False}}]}
+    (fresh / "study" / "dvc.yaml").write_text(yaml.safe_dump({"stages": study}))
+    assert {n.name for n in read_dag(fresh, pipeline="study/dvc.yaml", allow_missing=True)} == {
+        "item@a", "item@b", "summary", "study/dvc.yaml:reads_result", "study/dvc.yaml:reads_cached"}
