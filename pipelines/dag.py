@@ -33,39 +33,37 @@ class StageNode:
     metrics: tuple[str, ...] = ()
 
 
-def _absent(dep, repo) -> bool:
-    """``dep`` is not on this machine: deleted, or a folder holding only files git tracks (the ``.gitignore`` DVC
-    writes beside per-item outputs, checked out with the clone) while its DVC-tracked content is elsewhere."""
+def _absent(dep) -> bool:
+    """``dep`` is not on this machine: deleted, or a folder holding nothing but the ``.gitignore`` files DVC commits
+    beside the outputs it caches (a fresh clone has such a folder wherever stages wrote items into it)."""
     path = Path(dep.fs_path)
     if not path.exists():
         return True
-    if not path.is_dir():
-        return False
-    return all(repo.scm.is_tracked(str(f)) for f in path.rglob("*") if f.is_file())
+    return path.is_dir() and all(f.name == ".gitignore" for f in path.rglob("*") if f.is_file())
 
 
-def _changed(stage, repo) -> bool:
-    """``Stage.changed(allow_missing=True)``, with an input folder that holds only git-tracked files counted as
-    missing (DVC calls it modified): a fresh clone has such folders wherever a stage wrote items into one."""
+def _changed(stage) -> bool:
+    """``Stage.changed(allow_missing=True)``, with an input folder that holds only DVC's ``.gitignore`` files counted
+    as missing (DVC calls it modified)."""
     if stage.changed_stage():
         return True
     for dep in stage.deps:
-        if dep.status() and not _absent(dep, repo):
+        if dep.status() and not _absent(dep):
             return True
     return stage.changed_outs(allow_missing=True)
 
 
-def _needs_from(stage, up, repo) -> bool:
+def _needs_from(stage, up) -> bool:
     """``stage`` reads an output of ``up`` that is not here (a git-tracked result of ``up`` is here in any clone)."""
     outs = [Path(o.fs_path) for o in up.outs]
     for dep in stage.deps:
         path = Path(dep.fs_path)
-        if any(path == o or o in path.parents or path in o.parents for o in outs) and _absent(dep, repo):
+        if any(path == o or o in path.parents or path in o.parents for o in outs) and _absent(dep):
             return True
     return False
 
 
-def _to_run(graph, order: list, repo) -> list:
+def _to_run(graph, order: list) -> list:
     """``order``'s stages that ``dvc repro --allow-missing`` would run, and the upstream stages whose outputs they
     need (``read_dag``)."""
     import networkx as nx
@@ -74,13 +72,13 @@ def _to_run(graph, order: list, repo) -> list:
     # DVC counts a stage without a dvc.lock entry as unchanged when its inputs are missing too: a stage is done only
     # when the lock records every dep and out of it (hash_info set) and nothing but missing data differs
     recorded = {s for s in order if all(x.hash_info for x in (*s.deps, *s.outs))}
-    needed = {s for s in order if s not in recorded or _changed(s, repo)}
+    needed = {s for s in order if s not in recorded or _changed(s)}
     for s in list(needed):
         needed |= nx.ancestors(graph, s) & members  # downstream of a stale stage: its inputs will change
     for s in reversed(order):  # downstream first: a stage that runs pulls in upstream stages with missing outputs
         if s in needed:
             for up in graph.successors(s):
-                if up in members and up not in needed and _needs_from(s, up, repo):
+                if up in members and up not in needed and _needs_from(s, up):
                     needed.add(up)
     return [s for s in order if s in needed]
 
@@ -121,7 +119,7 @@ def read_dag(root: Path = ROOT, targets: list[str] | None = None, pipeline: str 
             order = [s for s in order if s in wanted]
         if allow_missing:
             with repo.lock:  # Stage.changed reads the workspace under the repository's lock
-                order = _to_run(graph, order, repo)
+                order = _to_run(graph, order)
         chain: dict = {}
         for s in order[::-1]:  # dependents first: a stage's chain is its minutes plus its longest dependent's
             minutes = (s.meta or {}).get("minutes", 1)
