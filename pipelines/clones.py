@@ -89,8 +89,9 @@ def sync_clone(root: Path, clone: Path, remote: str | None = None) -> None:
 def run_in_clone(clone: Path, name: str, upstream: tuple[str, ...] | list[str], remote: str | None,
                  env: dict[str, str], run_cacheable: bool = True, log=None) -> str:
     """In a clone already holding this workspace's files: fetch the stage's inputs, run it, publish it."""
-    if upstream:  # the stage's inputs, as the synced dvc.lock records them
-        dvc(["pull" if remote else "checkout", *upstream], clone, env)
+    if upstream:  # the stage's inputs, as the synced dvc.lock records them; an upstream stage done elsewhere (a
+        # study part) may have outputs this stage does not read in no cache here: `dvc repro` fails on a missing input
+        dvc(["pull" if remote else "checkout", "--allow-missing", *upstream], clone, env)
     if not run_cacheable:  # persisted outputs the stage continues from, as this workspace's dvc.lock records them
         dvc(["pull" if remote else "checkout", "--force", "--allow-missing", name], clone, env)
     out = dvc(["repro", "--single-item", name], clone, env, log)

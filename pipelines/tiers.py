@@ -45,6 +45,16 @@ STUDY_STAGES: dict[str, tuple[str, ...]] = {
     "llm_rl": ("llm_rl_data", "llm_rl_train", "llm_rl_eval"),
 }
 
+# The study's stage minutes (its longest item, measured at study scale on 2 cores beside one other stage: see
+# docs/measurements.md), in place of the default's `meta.minutes`: the flow runs the longest chain of waiting stages
+# first. DVC leaves `meta` out of a stage's hash, so a change here re-runs nothing.
+STUDY_MINUTES: dict[str, float] = {
+    "kalm_data": 1, "kalm_ground": 28.5, "kalm_imagine": 4, "kalm_offline": 18, "kalm_eval": 10,
+    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo": 1, "props_transfer": 3,
+    "props_eval": 0.5,
+    "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
+}
+
 
 def study_report(method: str) -> str:
     """The stage of ``method``'s study page (``study/reports/<method>/``): one per method, so each method's study
@@ -131,10 +141,12 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
     return out
 
 
-def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES) -> dict:
+def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES,
+              minutes: dict[str, float] = STUDY_MINUTES) -> dict:
     """study/dvc.yaml from the pipeline's dvc.yaml: the listed stages, each run with ``LLMRL_TIER=study`` from
     the repository root (``wdir: ..``), its outputs under study/, its inputs from study/ where a study stage writes
-    them (else the default pipeline's, e.g. models/base_llm), its params from study/params.yaml."""
+    them (else the default pipeline's, e.g. models/base_llm), its params from study/params.yaml, its
+    ``meta.minutes`` from ``minutes``."""
     names = [n for group in stages.values() for n in group]
     source = dvc_yaml["stages"]
     missing = [n for n in names if n not in source]
@@ -145,10 +157,13 @@ def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES)
     result = {}
     for name in names:
         stage = copy.deepcopy(source[name])
-        if "do" in stage:  # a foreach stage: its body is under `do`
-            result[name] = {"foreach": stage["foreach"], "do": _study_stage(name, stage["do"], outputs, stages)}
+        body = stage.get("do", stage)  # a foreach stage's body is under `do`
+        if name in minutes:
+            body["meta"] = {**dict(body.get("meta") or {}), "minutes": minutes[name]}
+        if "do" in stage:
+            result[name] = {"foreach": stage["foreach"], "do": _study_stage(name, body, outputs, stages)}
         else:
-            result[name] = _study_stage(name, stage, outputs, stages)
+            result[name] = _study_stage(name, body, outputs, stages)
     for method in stages:
         result[study_report(method)] = _study_stage(study_report(method), copy.deepcopy(source["report"]), outputs,
                                                     {method: stages[method]})

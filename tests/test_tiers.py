@@ -109,7 +109,10 @@ def test_study_dag_maps_inputs_to_study_outputs():
         "report": {"cmd": "python stages/report.py", "deps": ["stages/report.py", "metrics/m", "metrics/glam"],
                    "params": ["report"], "outs": ["reports"]},
     }}
-    got = tiers.study_dag(dvc_yaml, {"m": ("a", "b", "c")})["stages"]
+    dvc_yaml["stages"]["a"]["meta"] = {"mem_gib": 2, "minutes": 1}
+    got = tiers.study_dag(dvc_yaml, {"m": ("a", "b", "c")}, minutes={"a": 30, "c": 4})["stages"]
+    assert got["a"]["meta"] == {"mem_gib": 2, "minutes": 30} and got["c"]["do"]["meta"] == {"minutes": 4}
+    assert "meta" not in got["b"]  # no study minutes: as in dvc.yaml
     assert got["b"]["deps"] == ["study/models/m/a/x", "data/demos"]  # a study output; the default pipeline's demos
     assert got["c"]["do"]["deps"] == ["study/models/m/${item}", "data/demos/${item}"]
     assert got["a"]["deps"] == ["stages/a.py", "models/base_llm"]
