@@ -39,7 +39,7 @@ METHODS = ("props", "kalm", "llm4teach", "llm_rl", "glam")  # in the order they 
 # The stage items run per method (dvc.yaml's names; every item of a foreach stage). props_baselines and props_eval
 # (random search, CEM and SB3 PPO on CPU, and the tables), GLAM's BC, symbolic and evaluation stages use no GPU.
 STAGES = {
-    "props": ("props_quadratic", "props_search", "props_grpo", "props_transfer"),
+    "props": ("props_quadratic", "props_search", "props_grpo_part", "props_grpo", "props_heldout", "props_transfer"),
     "kalm": ("kalm_data", "kalm_ground", "kalm_imagine", "kalm_offline", "kalm_eval"),
     "llm4teach": ("llm4teach_plans", "llm4teach_train", "llm4teach_train_mpe", "llm4teach_eval"),
     "llm_rl": ("llm_rl_data", "llm_rl_train", "llm_rl_eval"),
@@ -55,10 +55,12 @@ ON_GPU: dict[str, dict] = {
         "search": {"tasks": ["mountaincar_continuous"], "seeds": [0], "iterations": 2, "max_reasks": 1,
                    "eval_episodes": 10, "video": False},
         "baselines": {"cem": {"population": 2}},  # divides the shorter search's episodes (props_baselines not run)
-        "transfer": {"tasks": ["mountaincar_continuous"], "seeds": [0], "iterations": 2},
+        "transfer": {"tasks": ["mountaincar_continuous"]},
         "quadratic": {"iterations": 3, "seeds": [0, 1], "cem": {"population": 3}},
-        "grpo": {"model": MODEL, "vectors": 10, "episodes": 2,
-                 "trainer": {"gradient_accumulation_steps": 2, "max_steps": 2}},
+        "grpo": {"model": MODEL, "vectors": 10, "episodes": 2, "seeds": [0],
+                 "trainer": {"gradient_accumulation_steps": 2, "max_steps": 4}},
+        "heldout": {"dims": [2], "functions_per_dim": 4, "validation_functions_per_dim": 2, "iterations": 6,
+                    "base_reps": 1, "reps": 1, "hill_steps": [1.0], "cem": {"population": 3}},
     },
     "kalm": {
         "data": {"metaworld_episodes_per_task": 2, "babyai_episodes_per_task": 2, "validation_episodes_per_task": 1,

@@ -195,15 +195,29 @@ def props_baselines() -> Outputs:
     return Outputs("props_baselines", runs=PROPS.data / "baselines", curves=PROPS.plots / "baselines")
 
 
-def props_grpo() -> Outputs:
-    return Outputs("props_grpo", adapter=PROPS.models / "grpo", data=PROPS.data / "grpo",
-                   metrics=PROPS.metrics / "grpo.json", live=PROPS.plots / "grpo")
+# The parts one GRPO run of ProPS's optimizer is cut into (dvc.yaml's props_grpo_part matrix; tests/test_stage_paths.py)
+PROPS_GRPO_PARTS = 4
 
 
-def props_transfer() -> Outputs:
-    return Outputs("props_transfer", runs=PROPS.data / "transfer",
-                   replies_base=PROPS.data / "replies" / "transfer-base",
-                   replies_tuned=PROPS.data / "replies" / "transfer-tuned")
+def props_grpo_part(part: int | str, of: int | str, seed: int | str) -> Outputs:
+    """Part ``part`` of ``of`` of the GRPO run of training seed ``seed``: its checkpoint, best adapter and records."""
+    return Outputs(f"props_grpo_part@part{int(part) - 1}-{seed}",
+                   state=PROPS.models / "grpo_parts" / str(int(part)) / str(seed))
+
+
+def props_grpo(seed: int | str) -> Outputs:
+    return Outputs(f"props_grpo@{seed}", adapter=PROPS.models / "grpo" / str(seed), data=PROPS.data / "grpo" / str(seed),
+                   metrics=PROPS.metrics / "grpo" / f"{seed}.json", live=PROPS.plots / "grpo" / str(seed))
+
+
+def props_heldout() -> Outputs:
+    return Outputs("props_heldout", runs=PROPS.data / "heldout", replies=PROPS.data / "replies" / "heldout",
+                   metrics=PROPS.metrics / "heldout.json", report=PROPS.plots / "heldout.json")
+
+
+def props_transfer(task: str) -> Outputs:
+    return Outputs(f"props_transfer@{task}", runs=PROPS.data / "transfer" / task,
+                   replies=PROPS.data / "replies" / f"transfer-{task}")
 
 
 def props_quadratic() -> Outputs:

@@ -1,16 +1,16 @@
 """Stage props_eval: ProPS, ProPS+ and every baseline side by side, per task, with seed-level intervals of the
 held-out return of each run's final policy; the quadratic check (ProPS against random search without an
-environment); the base against the GRPO-tuned optimizer. Every table compares its methods at one episode budget:
-a table whose methods spent different budgets is an error (``check_equal_budgets``), so the tuned optimizer,
-run at ``props.transfer.iterations``, has its own table beside the base model at the same budget.
+environment); the GRPO-tuned optimizer (props_transfer, at the search's budget and seeds) in the table of each
+transfer task, with its seed-paired difference to the base model's runs of the same template. Every table compares
+its methods at one episode budget: a table whose methods spent different budgets is an error
+(``check_equal_budgets``).
 
 Writes metrics/props/eval/<task>/<method>.json (headline, ``llmrl.eval.props.metrics_of``: held-out return with
 interval, training episodes, and for the LLM methods the share of proposals the LLM made, ``llm_proposed``, the rest
-being random fallbacks, and the parse-failure rate), metrics/props/eval/quadratic/<method>.json (the same),
-metrics/props/eval/transfer/<task>/<base|tuned>.json, the full report plots/props/report.json (best search return,
+being random fallbacks, and the parse-failure rate), metrics/props/eval/quadratic/<method>.json (the same), the full report plots/props/report.json (best search return,
 episodes, LLM calls, tokens, re-asks, parse failures by reason, example copies, duplicate and fallback rates, seconds
-per iteration, per-seed values, the quadratic check's seed-paired verdict against random search, the environment
-line; a plain out), curves of best
+per iteration, per-seed values, the quadratic check's seed-paired verdict against random search, the tuned optimizer's seed-paired
+difference to the base model per transfer task, the environment line; a plain out), curves of best
 return vs episodes per method (dvclive, plots/props/curves/<task>/<method>/; LLM methods' points carry
 ``fallbacks``, the seeds whose point there was a random fallback) and an MP4 of the best LLM-found policy's
 held-out evaluation episode per task (plots/props/videos/<task>.mp4; rgb_array frames → imageio-ffmpeg), listed
@@ -22,7 +22,7 @@ import numpy as np
 
 from llmrl.agents.linear_policy import render_episode
 from llmrl.algos.props_search import held_out_seeds, search_task
-from llmrl.config.props import PropsEvalParams, PropsSearchParams
+from llmrl.config.props import PropsEvalParams, PropsSearchParams, PropsTransferParams
 from llmrl.eval.props import check_equal_budgets, headline, metrics_of, paired_difference
 from llmrl.fingerprint import environment_fingerprint, fingerprint_line
 from llmrl.files import atomic_path, read_json, write_json
@@ -37,15 +37,21 @@ def main(argv: list[str] | None = None) -> None:
     stage_arguments("props_eval", argv)
     search = stage_params("props.search", PropsSearchParams)
     ev = stage_params("props.eval", PropsEvalParams)
+    tr = stage_params("props.transfer", PropsTransferParams)
     kw = dict(statistic=ev.statistic, confidence=ev.confidence, reps=ev.reps)
     report: dict = {"env": fingerprint_line(), "statistic": ev.statistic, "confidence": ev.confidence,
                     "held_out_episodes": search.eval_episodes, "tasks": {}}
-    transfer = read_json(paths.props_transfer().runs / "runs.json")
     videos: dict = {}
+    report["transfer"] = {}
     with atomic_path(OUT.metrics, is_dir=True) as mdir, atomic_path(OUT.videos, is_dir=True) as vdir:
         for key in search.tasks:
             runs = read_json(paths.props_search(key).runs / "runs.json")["runs"]
             runs += read_json(paths.props_baselines().runs / f"{key}.json")["runs"]
+            if key in tr.tasks:
+                tuned = read_json(paths.props_transfer(key).runs / "runs.json")["runs"]
+                runs += tuned
+                report["transfer"][key] = paired_difference(tuned, [r for r in runs if r["method"] == tr.method],
+                                                            confidence=ev.confidence, reps=ev.reps)
             methods = list(dict.fromkeys(r["method"] for r in runs))
             table = {m: headline([r for r in runs if r["method"] == m], **kw) for m in methods}
             check_equal_budgets(table, name=f"props_eval {key}")
@@ -85,18 +91,6 @@ def main(argv: list[str] | None = None) -> None:
         log.info("quadratic (%d parameters): ProPS - random search %.2f [%.2f, %.2f] over %d seeds (%d won): %s",
                  quad["n_params"], verdict["difference"], verdict["ci_low"], verdict["ci_high"], verdict["seeds"],
                  verdict["seeds_won"], verdict["verdict"])
-        tr_table = {}
-        for key in dict.fromkeys(r["task"] for r in transfer["runs"]):
-            for opt in ("base", "tuned"):
-                mine = [r for r in transfer["runs"] if r["task"] == key and r["optimizer"] == opt]
-                if mine:
-                    tr_table.setdefault(key, {})[opt] = headline(mine, **kw)
-        check_equal_budgets({f"{k}: {o}": h for k, v in tr_table.items() for o, h in v.items()},
-                            name="props_eval transfer")
-        report["transfer"] = {"adapter": transfer["adapter"], "iterations": transfer["iterations"], "tasks": tr_table}
-        for k, v in tr_table.items():
-            for o, h in v.items():
-                write_json(mdir / "transfer" / k / f"{o}.json", metrics_of(h))
     write_json(OUT.report, report)
     write_json(OUT.environment, environment_fingerprint())
 

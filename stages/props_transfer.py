@@ -1,19 +1,23 @@
-"""Stage props_transfer: ProPS with the GRPO-tuned optimizer (peft adapter models/props/grpo on the base model)
-against the base model, on the GRPO training task and the transfer tasks.
+"""Stage props_transfer: the GRPO-tuned optimizer in the ProPS search on one control task, at the search's budget and
+seeds, so that props_eval tables it beside the base model's ProPS runs (props_search) and the baselines of the same
+task. No environment reward reached the tuned optimizer's training (it learned on objective functions at the CPU
+tiers), so this is a test of transfer.
 
-Reads props.space, props.llm, props.search (budget per iteration, caps, hint, held-out seeds) and
-props.transfer. Writes data/props/transfer/runs.json (per task, optimizer and seed: rows, best point, LLM
-counters, held-out returns). Without the adapter (props_grpo not run yet) it runs the base model only when
-props.transfer.require_adapter is false, and records ``"tuned": "missing"``.
+``python -m stages.props_transfer <task>``: search seed i is run by the adapter of training seed
+``props.grpo.seeds[i mod n]`` (``models/props/grpo/<seed>``), on the model it was trained on (``props.grpo.model``,
+in-process: an adapter applies to a local model; props.llm's sampling, caps and fault policy). Reads props.space, props.llm, props.search (budget,
+seeds, caps, hint, held-out seeds), props.grpo.seeds and props.transfer. Writes data/props/transfer/<task>/runs.json
+(per seed: rows, best point, LLM counters, held-out returns, the adapter) and caches replies by content under
+data/props/replies/transfer-<task>.
 """
 
-import gc
 import time
 
 import torch
 
 from llmrl.algos.props_search import HeldOutEvaluation, build_optimizer_llm, props_search, search_task
-from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams, PropsTransferParams
+from llmrl.config.props import PropsGRPOParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams, \
+    PropsTransferParams
 from llmrl.files import write_json
 from llmrl.llm.faults import FaultGuard
 from llmrl.seeding import seed_everything
@@ -21,48 +25,45 @@ from stages import paths
 from stages.common import log, stage_arguments, stage_params
 from stages.paths import ROOT
 
-ADAPTER = paths.props_grpo().adapter
-OUT = paths.props_transfer()
-
 
 def main(argv: list[str] | None = None) -> None:
-    stage_arguments("props_transfer", argv)
+    args = stage_arguments("props_transfer", argv, task="control task key (props.transfer.tasks)")
     search = stage_params("props.search", PropsSearchParams)
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
     tr = stage_params("props.transfer", PropsTransferParams)
+    g = stage_params("props.grpo", PropsGRPOParams)
+    if args.task not in tr.tasks:
+        raise SystemExit(f"props_transfer: task {args.task!r} is not among props.transfer.tasks {tr.tasks}")
+    out = paths.props_transfer(args.task)
     torch.set_num_threads(llm_p.threads)
-    have_adapter = (ADAPTER / "adapter_config.json").is_file()
-    if not have_adapter and tr.require_adapter:
-        raise SystemExit(f"props_transfer: no adapter at {ADAPTER} (run props_grpo) and require_adapter is true")
-    adapter_name = ADAPTER.relative_to(ROOT).as_posix()  # as the metrics name it: models/props/grpo
-    optimizers = {"base": None} | ({"tuned": adapter_name} if have_adapter else {})
-    results: dict = {"adapter": adapter_name if have_adapter else "missing", "iterations": tr.iterations,
-                     "method": tr.method, "runs": []}
-    guard = FaultGuard(llm_p.faults, "props.llm.faults")  # one fault policy for both optimizers' requests
-    for name, adapter in optimizers.items():
+    task = search_task(search, args.task)
+    guard = FaultGuard(llm_p.faults, "props.llm.faults")
+    local = llm_p.model_copy(update={"backend": "local", "spec": g.model})
+    runs = []
+    start = time.perf_counter()
+    for i, seed in enumerate(search.seeds):
+        train_seed = g.seeds[i % len(g.seeds)]
+        adapter = paths.props_grpo(train_seed).adapter
+        if not (adapter / "adapter_config.json").is_file():
+            raise SystemExit(f"props_transfer: no adapter at {adapter} (run props_grpo)")
         seed_everything(0)
-        opt = build_optimizer_llm(llm_p, adapter=adapter, cache_dir=OUT[f"replies_{name}"], guard=guard)
-        for key in tr.tasks:
-            task = search_task(search, key)
-            states, rows = [], []
-            start = time.perf_counter()
-            for row in props_search(task, [tr.method], tr.seeds, opt, search, space, llm_p, iterations=tr.iterations,
-                                    states_out=states):
-                rows.append(row)
-            with HeldOutEvaluation(task, search) as held_out:
-                for st in states:
-                    results["runs"].append({
-                        "task": task.key, "optimizer": name, "method": f"{tr.method}_{name}", "seed": st.seed,
-                        "rows": [r for r in rows if r["seed"] == st.seed], "best_return": st.best_return,
-                        "final_params": [float(x) for x in st.best_params], "final_eval": held_out(st.best_params),
-                        **st.counters()})
-            log.info("transfer %s %s: %.1f s, parse failures %d / %d calls", name, task.key,
-                     time.perf_counter() - start, sum(s.parse_failures for s in states),
-                     sum(s.llm_calls for s in states))
+        name = adapter.relative_to(ROOT).as_posix()
+        opt = build_optimizer_llm(local, adapter=name, cache_dir=out.replies, guard=guard)
+        states, rows = [], []
+        for row in props_search(task, [tr.method], [seed], opt, search, space, local, states_out=states):
+            rows.append({**row, "method": f"{tr.method}_tuned"})
+        st = states[0]
+        with HeldOutEvaluation(task, search) as held_out:
+            runs.append({"task": task.key, "method": f"{tr.method}_tuned", "seed": seed, "adapter": name,
+                         "rows": rows, "best_return": st.best_return,
+                         "final_params": [float(x) for x in st.best_params], "final_eval": held_out(st.best_params),
+                         **st.counters()})
+        log.info("transfer %s seed %d (adapter %s): best %.2f, parse failures %d / %d calls", task.key, seed, name,
+                 st.best_return, st.parse_failures, st.llm_calls)
         del opt
-        gc.collect()
-    write_json(OUT.runs / "runs.json", results)
+    write_json(out.runs / "runs.json", {"task": task.key, "method": tr.method, "seconds": time.perf_counter() - start,
+                                        "runs": runs})
 
 
 if __name__ == "__main__":

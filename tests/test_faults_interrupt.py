@@ -7,7 +7,8 @@ Kinds, every training stage: LLM PPO (glam_train, restart point per update), LLM
 Symbolic-PPO (glam_symbolic, two seeds), distilled PPO (llm4teach_train, seeds published together), distilled MAPPO
 on MPE (llm4teach_train_mpe), REINFORCE-KL (llm_rl_train reinforce_kl, restart point per iteration) and GRPO
 (llm_rl_train grpo, TRL), d3rlpy offline RL (kalm_offline), KALM grounding (kalm_ground), ProPS's baselines (random
-search, CEM and SB3 PPO: props_baselines) and ProPS's GRPO (props_grpo, TRL); all but the two with restart points
+search, CEM and SB3 PPO: props_baselines) and ProPS's GRPO (props_grpo_part, TRL: the first of its parts, which
+writes the checkpoint the next resumes); all but the two with restart points
 restart from scratch.
 
 Equal means: every model file (safetensors, peft adapter, ``.pt``, ``.d3``, ``SHA256SUMS``) byte for byte; JSON
@@ -80,6 +81,7 @@ def _tiny_params() -> dict:
                         video=False, max_episode_steps={"pendulum": 50})
     pr["baselines"]["cem"].update(population=2, episodes_per_candidate=1)
     pr["baselines"]["ppo"].update(n_steps=16, batch_size=16, n_epochs=1, net_arch=[8])
+    pr["transfer"].update(tasks=["pendulum"])
     pr["grpo"].update(model="tiny", vectors=3, episodes=1)
     pr["grpo"]["trainer"].update(num_generations=2, per_device_train_batch_size=2, max_steps=40,
                                  max_completion_length=6)
@@ -126,7 +128,7 @@ KINDS = {  # kind: the stage script and its arguments (dvc.yaml's cmd)
     "d3rlpy_offline": ["kalm_offline.py", "babyai-dbc", "real"],
     "kalm_grounding": ["kalm_ground.py", "babyai"],
     "props_baselines": ["props_baselines.py"],
-    "props_grpo": ["props_grpo.py"],
+    "props_grpo": ["props_grpo_part.py", "1", "4", "0"],
 }
 
 

@@ -43,7 +43,7 @@ def _props_params(url: str, policy: dict) -> dict:
                         answer_prefix="", faults=policy)
     props["search"].update(tasks=["cartpole"], methods=["props"], seeds=[0, 1], iterations=3, episodes_per_eval=1,
                            eval_episodes=1, video=False)
-    props["transfer"].update(tasks=["cartpole"], seeds=[0, 1], iterations=3, require_adapter=False)
+    props["transfer"].update(tasks=["cartpole"])
     props["quadratic"].update(seeds=[0, 1], iterations=3)
     return params
 
@@ -56,8 +56,6 @@ STAGES = {
     "props_search": ("props_search.py", ["cartpole"], _props_params,
                      ["data/props/search/cartpole/runs.json", "plots/props/search/cartpole/props/x.tsv",
                       "data/props/replies/search-cartpole/ab/abcd.json"]),
-    "props_transfer": ("props_transfer.py", [], _props_params,
-                       ["data/props/transfer/runs.json", "data/props/replies/transfer-base/ab/abcd.json"]),
     "props_quadratic": ("props_quadratic.py", [], _props_params,
                         ["data/props/quadratic/runs.json", "data/props/replies/quadratic/ab/abcd.json"]),
 }

@@ -212,3 +212,13 @@ def test_llm_rl_train_items_follow_the_training_seeds_in_params(tmp_path):
         named = {p.relative_to(paths.ROOT).as_posix() for p in paths.llm_rl_train(variant, seed).values()}
         assert {o.split("/plots/metrics")[0] for o in outs} == named
     assert "models/llm_rl" in {d.def_path for d in stages["llm_rl_eval"].deps}
+
+
+def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_published():
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    parts = stage["props_grpo_part"]["matrix"]["part"]
+    assert [p["n"] for p in parts] == list(range(1, paths.PROPS_GRPO_PARTS + 1))
+    assert {p["of"] for p in parts} == {paths.PROPS_GRPO_PARTS}
+    assert parts[0]["after"] == "models/base_llm"
+    assert [p["after"] for p in parts[1:]] == [f"models/props/grpo_parts/{n}" for n in range(1, len(parts))]
+    assert f"models/props/grpo_parts/{paths.PROPS_GRPO_PARTS}" in stage["props_grpo"]["do"]["deps"]

@@ -29,7 +29,7 @@ from .stage_runs import (METHODS, SHARED, check_outputs, compose_params, declare
 # local files in GSM8K's format for the hub's GSM8K (the tiny model's folder stands in for every hub model: TINY).
 # Of its longer lists, the entries whose code the default profile does not run: a full fine-tune beside LoRA and
 # NPAE (GLAM), the mixed test level, continuous CQL, IQL and AWAC on real data, the colour-renamed and two-door
-# DoorKey tasks, a MuJoCo task in search and in transfer.
+# DoorKey tasks, a MuJoCo task in search.
 PAPER_ON_CPU = {
     "glam": {"threads": 1, "policy": {"history": 1},  # the paper's 3 past steps: 10x the tiny model's scoring time
              "eval": {"env_ids": ["BabyAI-Text-MixedTestLocal-v0"]}},
@@ -39,7 +39,7 @@ PAPER_ON_CPU = {
     "kalm": {"data": {"threads": 1}, "offline": {"threads": 1, "workers": 1, "data": ["real"]},
              "eval": {"threads": 1, "workers": 1}, "ground": {"threads": 1}, "imagine": {"threads": 1}},
     "props": {"llm": {"threads": 1}, "search": {"tasks": ["mountaincar_continuous", "swimmer"]},
-              "transfer": {"tasks": ["mountaincar_continuous", "inverted_pendulum"]},
+              "transfer": {"tasks": ["mountaincar_continuous"]},
               "grpo": {"device": None, "dtype": "auto", "threads": 1, "trainer": {"bf16": False}}},
 }
 # The default profile's teachers on MPE (the paper profile has no scoring teacher: its planner answers unopened).

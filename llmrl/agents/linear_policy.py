@@ -31,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from llmrl.envs.control import ControlTask, QuadraticTask, as_task, make_control_env
+from llmrl.envs.functions import FunctionTask
 
 __all__ = ["LinearPolicy", "QTablePolicy", "PlainVector", "Policy", "policy_for", "ParamEvaluator",
            "QuadraticObjective", "objective_for", "evaluate_params", "evaluate_params_loop", "render_episode"]
@@ -239,10 +240,10 @@ class ParamEvaluator:
 
 
 class QuadraticObjective:
-    """``QuadraticTask``'s f behind ``ParamEvaluator``'s interface: no episodes, so each row's E "returns" are
-    its one exact value repeated; the row's ``search_seeds`` entry picks its centre."""
+    """The exact f of ``QuadraticTask`` or ``FunctionTask`` behind ``ParamEvaluator``'s interface: no episodes, so
+    each row's E "returns" are its one value repeated; the row's ``search_seeds`` entry picks its function."""
 
-    def __init__(self, task: QuadraticTask):
+    def __init__(self, task: QuadraticTask | FunctionTask):
         self.task = task
         self.policy = PlainVector(task.n_params)
 
@@ -265,9 +266,9 @@ class QuadraticObjective:
         pass
 
 
-def objective_for(task: str | ControlTask | QuadraticTask) -> ParamEvaluator | QuadraticObjective:
-    """The evaluator of a task's parameter vectors: episodes of its environment, or the quadratic's exact f."""
-    if isinstance(task, QuadraticTask):
+def objective_for(task: str | ControlTask | QuadraticTask | FunctionTask) -> ParamEvaluator | QuadraticObjective:
+    """The evaluator of a task's parameter vectors: episodes of its environment, or an objective's exact f."""
+    if isinstance(task, (QuadraticTask, FunctionTask)):
         return QuadraticObjective(task)
     return ParamEvaluator(task)
 

@@ -5,12 +5,18 @@ episodes per seed as a ProPS search (``iterations × episodes_per_eval``); every
 
 - Random search: each iteration draws one uniform point and scores it over ``episodes_per_eval`` episodes on the
   very episode seeds ProPS uses at that iteration (common random numbers); the final policy is the best point.
+- Hill climbing ("best so far + Gaussian step"): the first point is uniform, every later one the best point so far
+  plus N(0, step^2) per coordinate, clipped to the range and rounded to the prompt's decimals; the final policy
+  is the best point. It is what an optimizer that copies its best history line and perturbs it does.
 - CEM: a diagonal Gaussian (mean at the range centre, ``init_std``) samples ``population`` candidates per
   generation, each scored over ``episodes_per_candidate`` episodes; the best ``elite_frac`` refit mean and std
   (std floored at ``min_std``, samples clipped to the range). Generations fill the budget exactly (a generation
   size that does not divide it is an error: every method of a table spends the same episodes); the final
   policy is the distribution mean. Its ``best_return`` is the best candidate's mean over its few episodes, an
   optimistic figure: compare methods on the held-out evaluation of their final policies.
+
+``rep`` (0 by default) gives a method a further independent stream per search seed, so that one function or task
+can be searched several times (repetitions of a run on the same item).
 
 Several seeds advance in lockstep so their episodes are evaluated in one batch. Both run on control tasks (at the
 horizon ``search.max_episode_steps`` gives) and on the environment-free quadratic task. Rows use ProPS's vocabulary
@@ -30,7 +36,12 @@ from llmrl.algos.props_search import SEED_STRIDE, episode_seeds, random_point, s
 from llmrl.config.props import CEMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import ControlTask, QuadraticTask
 
-__all__ = ["BlackboxState", "random_search", "cem"]
+__all__ = ["BlackboxState", "random_search", "hill_climb", "cem"]
+
+
+def _stream(seed: int, salt: int, rep: int) -> list[int]:
+    """A method's generator seed for one search seed; repetition 0 keeps the streams of runs made before ``rep``."""
+    return [seed, salt] + ([rep] if rep else [])
 
 
 @dataclass
@@ -51,17 +62,60 @@ def random_search(
     space: PropsSpaceParams,
     *,
     states_out: list[BlackboxState] | None = None,
+    rep: int = 0,
 ) -> Iterator[dict]:
     t = search_task(search, task)
     ev = objective_for(t)
     n = ev.n_params
-    states = [BlackboxState("random_search", s, np.random.default_rng([s, 104729])) for s in seeds]
+    states = [BlackboxState("random_search", s, np.random.default_rng(_stream(s, 104729, rep))) for s in seeds]
     if states_out is not None:
         states_out.extend(states)
     try:
         for it in range(1, search.iterations + 1):
             t0 = time.perf_counter()
             points = np.stack([random_point(st.rng, n, space) for st in states])
+            seed_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
+            means = ev.returns(points, seed_mat, search_seeds=[st.seed for st in states]).mean(axis=1)
+            seconds = time.perf_counter() - t0
+            for st, x, m in zip(states, points, means):
+                st.episodes += search.episodes_per_eval
+                if m > st.best_return:
+                    st.best_return, st.best_params = float(m), x
+                st.final_params = st.best_params
+                yield {"task": t.key, "method": st.method, "seed": st.seed, "step": it, "episodes": st.episodes,
+                       "return_mean": float(m), "best_return": st.best_return, "seconds": seconds}
+    finally:
+        ev.close()
+
+
+def hill_climb(
+    task: str | ControlTask | QuadraticTask,
+    seeds: Sequence[int],
+    search: PropsSearchParams,
+    space: PropsSpaceParams,
+    step: float,
+    *,
+    states_out: list[BlackboxState] | None = None,
+    rep: int = 0,
+) -> Iterator[dict]:
+    """Best so far + N(0, step^2) per coordinate (module doc), one point per iteration, on random search's episode
+    seeds."""
+    if not step > 0:
+        raise ValueError(f"hill_climb step: must be > 0, got {step}")
+    t = search_task(search, task)
+    ev = objective_for(t)
+    n = ev.n_params
+    states = [BlackboxState("hill_climb", s, np.random.default_rng(_stream(s, 3_571, rep))) for s in seeds]
+    if states_out is not None:
+        states_out.extend(states)
+    try:
+        for it in range(1, search.iterations + 1):
+            t0 = time.perf_counter()
+            points = np.stack([
+                random_point(st.rng, n, space) if st.best_params is None else
+                np.round(np.clip(st.best_params + st.rng.normal(0.0, step, size=n), space.low, space.high),
+                         space.decimals)
+                for st in states])
             seed_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
             means = ev.returns(points, seed_mat, search_seeds=[st.seed for st in states]).mean(axis=1)
             seconds = time.perf_counter() - t0
@@ -84,6 +138,7 @@ def cem(
     p: CEMParams,
     *,
     states_out: list[BlackboxState] | None = None,
+    rep: int = 0,
 ) -> Iterator[dict]:
     t = search_task(search, task)
     budget = search.iterations * search.episodes_per_eval
@@ -94,7 +149,7 @@ def cem(
     ev = objective_for(t)
     n = ev.n_params
     n_elite = max(1, int(round(p.elite_frac * p.population)))
-    states = [BlackboxState("cem", s, np.random.default_rng([s, 15485863])) for s in seeds]
+    states = [BlackboxState("cem", s, np.random.default_rng(_stream(s, 15485863, rep))) for s in seeds]
     if states_out is not None:
         states_out.extend(states)
     centre = (space.low + space.high) / 2

@@ -16,7 +16,10 @@ What this adds to TRL, and why:
 - TRL 1.16 turns ``bf16`` and ``gradient_checkpointing`` on by default: both are decided here (bf16 only where
   the device has it, checkpointing only when asked).
 - The defaults that matter (``learning_rate``, ``loss_type``, ``beta``) are always passed explicitly.
-- TRL's ``train()`` returns only at the end; ``train`` turns its log calls into a stream of rows.
+- TRL's ``train()`` returns only at the end; ``train`` turns its log calls into a stream of rows, and can cut a run
+  into parts that resume from full checkpoints (a part per DVC stage keeps long trainings under a stage's time).
+- TRL selects no checkpoint on a reward: ``validate_every`` scores the policy on held-out prompts
+  (``validation_replies``) during training and ``BestAdapter`` keeps the best adapter.
 - TRL runs each row's whole prompt through the model to score its completion; with ``share_prompt_prefix`` a
   micro-batch's common prompt prefix runs once (``grpo_trainer_class``).
 - TRL seeds each process apart and samples a batch from one stream; with ``per_completion_seeds`` each
@@ -25,6 +28,7 @@ What this adds to TRL, and why:
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -32,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from llmrl.config.grpo import GRPOTrainParams
@@ -40,7 +45,7 @@ from llmrl.llm.load import LLM, peft_lora_config, render_chat, stable_adapter_na
 
 __all__ = ["RewardFunc", "completion_text", "completion_seed", "SeededRowSampler", "grpo_trainer_class",
            "opens_answer", "prompt_token_count", "truncate_prompt", "recording", "GRPORun", "build_grpo_trainer", "train",
-           "gather_records", "save_adapter"]
+           "part_end", "checkpoint_path", "gather_records", "save_adapter", "validation_replies", "BestAdapter", "validate_every"]
 
 RewardFunc = Callable[..., list[float]]
 
@@ -181,8 +186,8 @@ def completion_seed(seed: int, generation_round: int, row: int) -> int:
     return int(np.random.SeedSequence([seed, generation_round, row]).generate_state(1)[0])
 
 
-def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
-    """``trl.GRPOTrainer``, or a subclass with one or both of:
+def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool, stop_at_newline: bool = False):
+    """``trl.GRPOTrainer``, or a subclass with one or more of:
 
     - ``share_prompt_prefix``: completions scored with the micro-batch's common prompt prefix computed once
       (``llmrl.llm.prefix.completion_logprobs``). TRL runs every row's whole prompt through the model for the
@@ -192,20 +197,35 @@ def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
       round, its index in the round over all processes) (``SeededRowSampler``), so N processes sample the same
       completions as one. TRL has no such option; this replaces its transformers ``generate`` path for text-only
       models (TRL's own path otherwise) with the same sampling settings (temperature, top-k, top-p, min-p).
+      With ``share_prompt_prefix`` too, a round whose prompts share a prefix (a group: one prompt, G times)
+      computes that prefix's KV cache once and samples from it (same tokens as without: tested).
+    - ``stop_at_newline`` (with ``per_completion_seeds``): each completion ends after its first token holding a
+      line break, as the ProPS search stops its replies (its answer is line 1); the tokens after it would be
+      trained on without ever being read.
     """
     from trl import GRPOTrainer
 
+    if stop_at_newline and not per_completion_seeds:
+        raise ValueError("stop_at_newline needs per_completion_seeds (the generation path that can stop a row)")
     if not (share_prompt_prefix or per_completion_seeds):
         return GRPOTrainer
-    from transformers import (GenerationConfig, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper,
-                              TopKLogitsWarper, TopPLogitsWarper)
+    from transformers import (DynamicCache, GenerationConfig, LogitsProcessorList, MinPLogitsWarper,
+                              TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
     from trl.models import unwrap_model_for_generation
     from trl.trainer.utils import pad
 
-    from llmrl.llm.prefix import completion_logprobs
+    from llmrl.llm.prefix import common_prefix_length, completion_logprobs
 
     class LLMRLGRPOTrainer(GRPOTrainer):
-        _generation_rounds = 0  # generation calls so far, the same count on every process
+        _generation_rounds = 0  # generation calls so far, the same count on every process (set on resuming)
+        _line_end_cache: list[int] | None = None
+
+        def _line_end_ids(self) -> list[int]:
+            """Every token id whose text holds a line break."""
+            if self._line_end_cache is None:
+                tok = self._tokenizer
+                self._line_end_cache = [i for i in range(len(tok)) if "\n" in tok.decode([i])]
+            return self._line_end_cache
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
@@ -243,8 +263,11 @@ def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
             warpers += [TopKLogitsWarper(g.top_k)] if g.top_k else []
             warpers += [TopPLogitsWarper(g.top_p)] if g.top_p is not None and g.top_p < 1.0 else []
             warpers += [MinPLogitsWarper(g.min_p)] if g.min_p is not None else []
+            stop_ids = self._line_end_ids() if stop_at_newline else []
+            ends_at = [*self.eos_token_ids, *stop_ids]
             greedy = GenerationConfig(**{**self.generation_kwargs, "do_sample": False, "temperature": None,
-                                         "top_p": None, "top_k": None, "min_p": None}, disable_compile=True)
+                                         "top_p": None, "top_k": None, "min_p": None,
+                                         **({"eos_token_id": ends_at} if stop_ids else {})}, disable_compile=True)
             prompts = [torch.tensor(ids) for ids in prompt_ids]
             inputs = {
                 "input_ids": pad(prompts, padding_value=self._tokenizer.pad_token_id, padding_side="left",
@@ -257,12 +280,20 @@ def grpo_trainer_class(share_prompt_prefix: bool, per_completion_seeds: bool):
                                               gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
                   as unwrapped_model, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped,
                                                                                        recurse=False)):
+                shared = 0
+                if share_prompt_prefix and bool(inputs["attention_mask"].all()):  # no padding: rows align
+                    shared = common_prefix_length(inputs["input_ids"].tolist())
+                if shared:  # the prefix's KV cache, repeated over the rows; generate computes the rest
+                    cache = unwrapped_model(input_ids=inputs["input_ids"][:1, :shared], past_key_values=DynamicCache(),
+                                            use_cache=True, logits_to_keep=1).past_key_values
+                    cache.batch_repeat_interleave(len(prompt_ids))
+                    inputs["past_key_values"] = cache
                 sampler = LogitsProcessorList([*warpers, SeededRowSampler(generators)])
                 out = unwrapped_model.generate(**inputs, generation_config=greedy, logits_processor=sampler)
             completions = out[:, inputs["input_ids"].size(1):].cpu()
-            # each completion up to and including its first EOS, as TRL cuts them
-            is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids))
-            ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), completions.size(1))
+            # each completion up to and including its first EOS (or line end, when asked), as TRL cuts them
+            is_end = torch.isin(completions, torch.tensor(ends_at))
+            ends = torch.where(is_end.any(1), is_end.int().argmax(1), completions.size(1))
             return [row[:end + 1].tolist() for row, end in zip(completions, ends.tolist())], None
 
     return LLMRLGRPOTrainer
@@ -315,7 +346,7 @@ def build_grpo_trainer(llm: LLM, dataset, reward_funcs: RewardFunc | Sequence[Re
         report_to="none",
         disable_tqdm=True,
     )
-    trainer_class = grpo_trainer_class(cfg.share_prompt_prefix, cfg.per_completion_seeds)
+    trainer_class = grpo_trainer_class(cfg.share_prompt_prefix, cfg.per_completion_seeds, cfg.stop_at_newline)
     trainer = trainer_class(
         model=llm.model,
         reward_funcs=list(reward_funcs) if isinstance(reward_funcs, Sequence) else reward_funcs,
@@ -351,34 +382,52 @@ def metrics_row(step: int, logs: dict) -> dict:
     return row
 
 
-def train(run: GRPORun) -> Iterator[dict]:
+def train(run: GRPORun, *, resume_from: str | os.PathLike | None = None,
+          stop_after: int | None = None) -> Iterator[dict]:
     """Run the trainer, yielding one metrics row per optimiser step as TRL logs it.
 
     TRL's ``train()`` only returns at the end, so it runs in a worker thread and its ``on_log`` callback hands
     the rows over; an exception in training is re-raised here.
+
+    A run can be cut into parts: ``stop_after`` ends it at that optimiser step with a full checkpoint (adapter,
+    optimiser, schedule, random states; ``checkpoint_path``), and ``resume_from`` (such a checkpoint) continues
+    it. The parts together equal the uncut run (tested): the learning-rate schedule spans the whole
+    ``max_steps``, the data order and random states are restored, and the per-completion sampling streams
+    continue from the checkpoint's step.
     """
     from transformers import TrainerCallback
 
     rows: queue.Queue = queue.Queue()
     done = object()
+    trainer = run.trainer
 
     class _Rows(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            # one generation round per steps_per_generation x num_iterations micro-batches
+            per_round = args.steps_per_generation * getattr(trainer, "num_iterations", 1)
+            trainer._generation_rounds = state.global_step * args.gradient_accumulation_steps // per_round
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs and "train_runtime" not in logs:
                 rows.put(metrics_row(state.global_step, logs))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if stop_after is not None and state.global_step >= stop_after:
+                control.should_training_stop = True
+                control.should_save = True
 
     failure: list[BaseException] = []
 
     def work():
         try:
-            run.trainer.train()
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread
             failure.append(err)
         finally:
             rows.put(done)
 
     callback = _Rows()
-    run.trainer.add_callback(callback)
+    trainer.add_callback(callback)
     worker = threading.Thread(target=work, name="grpo-train", daemon=True)
     worker.start()
     try:
@@ -386,9 +435,26 @@ def train(run: GRPORun) -> Iterator[dict]:
             yield row
     finally:
         worker.join()
-        run.trainer.remove_callback(callback)
+        trainer.remove_callback(callback)
     if failure:
         raise failure[0]
+
+
+def part_end(part: int, of: int, total: int) -> int:
+    """The last optimiser step of part ``part`` (1-based) of a ``total``-step run cut into ``of`` parts."""
+    if not 1 <= part <= of <= total:
+        raise ValueError(f"part_end: expected 1 <= part <= of <= total, got part={part}, of={of}, total={total}")
+    return -(-part * total // of)
+
+
+def checkpoint_path(run: GRPORun) -> Path:
+    """The full checkpoint ``train(run, stop_after=...)`` wrote (TRL's ``checkpoint-<step>`` under the run's
+    output folder)."""
+    step = run.trainer.state.global_step
+    path = Path(run.trainer.args.output_dir) / f"checkpoint-{step}"
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint at step {step} under {run.trainer.args.output_dir}")
+    return path
 
 
 def gather_records(record: list[dict]) -> list[dict]:
@@ -417,3 +483,108 @@ def save_adapter(model, folder: str | os.PathLike, *, base_model: str) -> None:
         for f in tmp.iterdir():
             f.chmod(0o644)  # safetensors creates its file owner-only; published outputs get the usual permissions
         write_checksums(tmp)  # checked by llmrl.llm.load.load_adapter
+
+
+# ------------------------------------------------------------------------------------------------ selection
+
+
+def validation_replies(llm: LLM, records: Sequence[dict], reward_funcs: Sequence[RewardFunc], *, samples: int,
+                       max_new_tokens: int, temperature: float, top_p: float, stop_at_newline: bool, seed: int,
+                       weights: Sequence[float] | None = None, batch_size: int = 16) -> list[dict]:
+    """``samples`` replies of ``llm`` (its current weights) to each record's ``prompt``, sampled as training samples
+    them (temperature, top-p, line stop) from fixed seeds, so every checkpoint meets the same draws; each scored by
+    ``reward_funcs`` with the record's other columns, as TRL scores a completion. One row per reply: the record's
+    ``id``, the sample, the completion, each function's reward and ``reward`` (their sum weighted by ``weights``,
+    TRL's total)."""
+    from llmrl.llm.generate import SamplingConfig
+    from llmrl.llm.prefix import generate_shared_prefix
+
+    funcs = list(reward_funcs)
+    w = list(weights) if weights is not None else [1.0] * len(funcs)
+    if len(w) != len(funcs):
+        raise ValueError(f"weights: {len(w)} for {len(funcs)} reward functions")
+    rows = [r for r in records for _ in range(samples)]
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              stop=("\n",) if stop_at_newline else (), seed=seed)
+    # the prompts share their system message and rules: computed once per batch
+    gens = generate_shared_prefix(llm, [llm.render(r["prompt"]) for r in rows], sampling, batch_size=batch_size)
+    completions = [g.text for g in gens]
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+    scores = {f.__name__: f(completions=completions, **columns) for f in funcs}
+    out = []
+    for i, (r, c) in enumerate(zip(rows, completions)):
+        per = {name: float(v[i]) for name, v in scores.items()}
+        out.append({"id": r.get("id"), "sample": i % samples, "completion": c, **{f"reward_{k}": v for k, v in per.items()},
+                    "reward": float(sum(wi * per[f.__name__] for wi, f in zip(w, funcs)))})
+    return out
+
+
+class BestAdapter:
+    """Checkpoint selection on a validation score: the adapter weights of the best score so far (the earliest on a
+    tie), and every validation's step and score. ``save``/``load`` carry it from one part of a run to the next."""
+
+    def __init__(self) -> None:
+        self.history: list[dict] = []
+        self.best_step: int | None = None
+        self.best_score = float("-inf")
+        self.state: dict[str, torch.Tensor] | None = None
+
+    def consider(self, step: int, score: float, model, **extra) -> bool:
+        """Record a validation of ``model`` at ``step``; keep its adapter weights if the score is the best."""
+        from peft import get_peft_model_state_dict
+
+        if not np.isfinite(score):
+            raise ValueError(f"validation score at step {step} is not finite: {score}")
+        self.history.append({"step": int(step), "score": float(score), **extra})
+        if score > self.best_score:
+            self.best_step, self.best_score = int(step), float(score)
+            self.state = {k: v.detach().clone().cpu() for k, v in get_peft_model_state_dict(model).items()}
+            return True
+        return False
+
+    def restore(self, model) -> None:
+        """Load the best adapter weights into ``model`` (a peft model)."""
+        from peft import set_peft_model_state_dict
+
+        if self.state is None:
+            raise ValueError("BestAdapter.restore: no validation was recorded")
+        set_peft_model_state_dict(model, self.state)
+
+    def save(self, folder: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        (folder / "selection.json").write_text(json.dumps({"history": self.history, "best_step": self.best_step,
+                                                           "best_score": self.best_score}, indent=1))
+        if self.state is not None:
+            save_file(self.state, folder / "best_adapter.safetensors")
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> BestAdapter:
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        d = json.loads((folder / "selection.json").read_text())
+        sel = cls()
+        sel.history, sel.best_step, sel.best_score = d["history"], d["best_step"], float(d["best_score"])
+        if (folder / "best_adapter.safetensors").is_file():
+            sel.state = load_file(folder / "best_adapter.safetensors")
+        return sel
+
+
+def validate_every(run: GRPORun, every: int, last_step: int, evaluate: Callable[[int], None]) -> None:
+    """Call ``evaluate(step)`` at step 0 (the untrained adapter, when the run starts there), every ``every`` steps
+    (0: never between) and at ``last_step``, from inside the trainer (the model as it is at that step)."""
+    from transformers import TrainerCallback
+
+    class _Validate(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                evaluate(0)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step = state.global_step
+            if step == last_step or (every and step % every == 0):
+                evaluate(step)
+
+    run.trainer.add_callback(_Validate())

@@ -48,11 +48,11 @@ from llmrl.envs.control import ControlTask
 __all__ = ["ScoredVectors", "sample_scored_vectors", "split_indices", "build_records", "FineTuneData",
            "fine_tune_data", "RewardSettings", "reply_texts", "accepted_replies", "normalised_return", "RolloutMemo",
            "format_soft", "format_hard", "policy_reward", "improvement_reward", "make_reward_funcs",
-           "training_summary"]
+           "training_summary", "MALFORMED"]
 
 # Parser verdicts that say the answer line itself is malformed; the others (count, range, non-finite, the shown
 # point) judge a well-formed line.
-_MALFORMED = {"no_answer", "example_copy", "junk", "repeated_index"}
+MALFORMED = {"no_answer", "example_copy", "junk", "repeated_index"}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -186,7 +186,7 @@ def _parsed(text: str, old_params, s: RewardSettings):
 def format_soft(completions, answer_prefix=None, *, settings: RewardSettings, **_) -> list[float]:
     """1.0 where the answer line is made of well-formed ``params[i]: number`` items (count, range and novelty
     aside; module doc)."""
-    return [float(_parsed(t, None, settings).error not in _MALFORMED)
+    return [float(_parsed(t, None, settings).error not in MALFORMED)
             for t in reply_texts(completions, answer_prefix)]
 
 

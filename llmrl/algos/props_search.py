@@ -53,6 +53,7 @@ from llmrl.algos.props_prompts import (
 )
 from llmrl.config.props import PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.envs.control import ControlTask, QuadraticTask, get_task
+from llmrl.envs.functions import FunctionTask
 from llmrl.llm.backends import Backend, CachedBackend, LocalBackend, ReplyCache, llm_fault_types, openai_backend
 from llmrl.llm.faults import FaultGuard, GuardedBackend
 from llmrl.llm.generate import SamplingConfig
@@ -107,10 +108,11 @@ class SearchState:
                 "duplicates": self.duplicates, "faults": self.faults, "fallbacks": self.fallbacks}
 
 
-def search_task(search: PropsSearchParams, task: str | ControlTask | QuadraticTask) -> ControlTask | QuadraticTask:
+def search_task(search: PropsSearchParams,
+                task: str | ControlTask | QuadraticTask | FunctionTask) -> ControlTask | QuadraticTask | FunctionTask:
     """The task a search runs: a task object as it is (at its horizon), a control task's key at the horizon
     ``search.max_episode_steps`` gives it (its own limit if none)."""
-    if isinstance(task, (ControlTask, QuadraticTask)):
+    if isinstance(task, (ControlTask, QuadraticTask, FunctionTask)):
         return task
     return get_task(task, search.max_episode_steps.get(task))
 
@@ -240,9 +242,9 @@ def reply_cap(optimizer: OptimizerLLM, p: PropsLLMParams, n_params: int, space: 
     return p.max_new_tokens
 
 
-def sampling_for(p: PropsLLMParams, iteration: int, attempt: int, max_new_tokens: int) -> SamplingConfig:
+def sampling_for(p: PropsLLMParams, iteration: int, attempt: int, max_new_tokens: int, rep: int = 0) -> SamplingConfig:
     return SamplingConfig(max_new_tokens=max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                          stop=("\n",) if p.stop_at_newline else (), seed=iteration * 100 + attempt)
+                          stop=("\n",) if p.stop_at_newline else (), seed=iteration * 100 + attempt + rep * 1_000_003)
 
 
 def _with_prefix(conv: list[dict], prefix: str) -> list[dict]:
@@ -260,15 +262,19 @@ def props_search(
     *,
     iterations: int | None = None,
     states_out: list[SearchState] | None = None,
+    rep: int = 0,
 ) -> Iterator[dict]:
     """Run len(methods) × len(seeds) searches in lockstep; yield one row per search per iteration.
+
+    ``rep`` > 0 samples the replies and the fallbacks from further streams: another run of the same searches
+    (repetition 0 keeps the streams of runs made before ``rep`` existed).
 
     ``task``: a task object (at its horizon) or a control task's key (at ``search.max_episode_steps``' horizon).
     The final ``SearchState`` objects (histories, best points, records) are appended to ``states_out``.
     """
     t = search_task(search, task)
-    if isinstance(t, QuadraticTask) and "props_plus" in methods:
-        raise ValueError("methods: props_plus describes an environment; the quadratic task has none (use props)")
+    if isinstance(t, (QuadraticTask, FunctionTask)) and "props_plus" in methods:
+        raise ValueError(f"methods: props_plus describes an environment; the task {t.key!r} has none (use props)")
     n_iter = iterations or search.iterations
     check_seed_ranges(seeds, n_iter, search.episodes_per_eval, search.eval_seed)
     evaluator = objective_for(t)
@@ -284,7 +290,7 @@ def props_search(
                               step_size=search.step_size.get(t.key, t.step_size), optimum=optimum,
                               episodes=search.episodes_per_eval)
     # The fallback stream depends on (method, seed) only, so a search draws the same points alone or batched.
-    states = [SearchState(m, s, np.random.default_rng([s, 7919, list(TEMPLATES).index(m)]))
+    states = [SearchState(m, s, np.random.default_rng([s, 7919, list(TEMPLATES).index(m)] + ([rep] if rep else [])))
               for m in methods for s in seeds]
     if states_out is not None:
         states_out.extend(states)
@@ -310,7 +316,7 @@ def props_search(
             for attempt in range(search.max_reasks + 1):
                 if not pending:
                     break
-                sampling = sampling_for(llm_params, it, attempt, max_new_tokens)
+                sampling = sampling_for(llm_params, it, attempt, max_new_tokens, rep)
                 try:
                     # One call per method: its seeds' prompts share the template, which a shared-prefix local
                     # backend computes once.

@@ -60,6 +60,9 @@ class GRPOTrainParams(Section):
                                                          "(seed, generation round, its index in the round), so "
                                                          "N processes sample one process's completions "
                                                          "(False: transformers' sampling, one stream per process)")
+    stop_at_newline: bool = Field(False, description="end each completion after its first line break (needs "
+                                                     "per_completion_seeds; ProPS: the answer is line 1, as the "
+                                                     "search stops its replies)")
     lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter attached by TRL "
                                                                                 "(None: full fine-tune)")
 

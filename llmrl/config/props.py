@@ -9,7 +9,8 @@ prompt and parser, the random fallback, the baselines, the GRPO data); the origi
 cross-section checks: equal episode budgets for every method of one table (CEM's generations fill the search's
 budget exactly), and the quadratic check's budget likewise.
 
-The GRPO fine-tuning section (``props.grpo``) is appended at the end of this file.
+``props.grpo`` fine-tunes the optimizer with GRPO (function episodes on the CPU tiers, the original's control
+recipe in the paper profile); ``props.heldout`` tests it on functions it never saw.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from llmrl.config.llm_faults import LLMFaultParams
 
 __all__ = ["PropsMethod", "BaselineMethod", "PropsSpaceParams", "PropsLLMParams", "PropsSearchParams",
            "PPOBaselineParams", "CEMParams", "PropsBaselinesParams", "PropsTransferParams", "PropsEvalParams",
-           "PropsQuadraticParams", "PropsGRPOParams", "PropsParams"]
+           "PropsQuadraticParams", "PropsFunctionDataParams", "PropsGRPOParams", "PropsHeldoutParams",
+           "PropsParams"]
 
 PropsMethod = Literal["props", "props_plus"]
 BaselineMethod = Literal["random_search", "cem", "ppo"]
@@ -142,13 +144,15 @@ class PropsBaselinesParams(Section):
 
 
 class PropsTransferParams(Section):
-    tasks: list[str] = Field(["mountaincar_continuous", "cartpole", "inverted_pendulum"], min_length=1,
-                             description="the GRPO training task and transfer tasks")
-    method: PropsMethod = Field("props", description="template used for base vs tuned optimizer")
-    seeds: list[int] = Field([0, 1, 2], min_length=1, description="searches per task and optimizer")
-    iterations: int = Field(10, gt=0, description="search iterations per run")
-    require_adapter: bool = Field(False, description="fail when models/props/grpo is missing (false: run the base "
-                                                     "model only and say so in the metrics)")
+    """``props.transfer``: the GRPO-tuned optimizer in the ProPS search on control tasks (``props_transfer``), at
+    the search's budget and seeds, tabled beside the base model's ProPS runs and the baselines of the same task.
+    Search seed i uses the adapter of training seed ``props.grpo.seeds[i mod n]``."""
+
+    tasks: list[str] = Field(["mountaincar_continuous"], min_length=1,
+                             description="control tasks, each among props.search.tasks (the base model's runs and "
+                                         "the baselines come from there); one DVC stage item each")
+    method: PropsMethod = Field("props", description="template the tuned optimizer is asked with (its base runs: "
+                                                     "props_search's runs of the same method)")
 
 
 class PropsQuadraticParams(Section):
@@ -181,41 +185,134 @@ class PropsEvalParams(Section):
     reps: int = Field(2000, gt=0, description="bootstrap resamples")
 
 
-# ------------------------------------------------------------------------------------------------------
-# GRPO fine-tuning of the optimizer (props.grpo): appended below by the GRPO part.
+class PropsFunctionDataParams(Section):
+    """``props.grpo.functions``: optimisation episodes on cheap objective functions (``llmrl.envs.functions``;
+    ``llmrl.algos.props_grpo_functions``), the CPU tiers' GRPO data."""
+
+    train_examples: int = Field(256, ge=1, description="training examples, each on its own function of the train "
+                                                       "split")
+    validation_examples: int = Field(32, ge=1, description="validation examples (checkpoint selection), functions "
+                                                           "of the validation split")
+    dims: list[int] = Field([2, 3, 4], min_length=1, description="dimensions the functions are drawn in")
+    history_min: int = Field(3, ge=1, description="fewest evaluated points in a prompt's history")
+    history_max: int = Field(15, ge=1, description="most evaluated points in a prompt's history")
+    random_share: float = Field(0.5, ge=0, le=1, description="share of histories made by random search (the rest: "
+                                                             "partial hill-climbing runs)")
+    hill_step: list[float] = Field([0.3, 2.0], min_length=2, max_length=2, description="range of the hill-climbing "
+                                                                                        "histories' step sigma "
+                                                                                        "(log-uniform)")
+    centre_range: float = Field(4.5, gt=0, description="function centres uniform in [-centre_range, centre_range]")
+    curvature: list[float] = Field([0.5, 10.0], min_length=2, max_length=2, description="range of the bowls' "
+                                                                                         "curvatures (log-uniform)")
+    step_size: float = Field(1.0, gt=0, description="exploration step the prompt suggests (the quadratic check's)")
+    seed: int = Field(0, ge=0, description="seed of the dimensions, history lengths, producers and histories")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> PropsFunctionDataParams:
+        if self.history_min > self.history_max:
+            raise ValueError(f"history_min ({self.history_min}) must be <= history_max ({self.history_max})")
+        if any(d < 1 or d > 10 for d in self.dims):
+            raise ValueError(f"dims: every dimension must be in [1, 10], got {self.dims}")
+        for name in ("hill_step", "curvature"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ValueError(f"{name}: expected 0 < low <= high, got {[lo, hi]}")
+        return self
 
 
 class PropsGRPOParams(Section):
-    """``props.grpo``: the data set of scored vectors, the prompt, the reward mapping and TRL's GRPO settings."""
+    """``props.grpo``: the data (function episodes, or the original's scored control vectors), the prompt, the
+    training seeds, checkpoint selection and TRL's GRPO settings."""
 
     model: str = Field("models/base_llm", description="base model spec fine-tuned (folder, hub name, embedded:..., "
                                                       "tiny); the adapter is trained on top of it")
-    task: str = Field("mountaincar_continuous", description="control task the vectors are scored on (the "
+    data: Literal["functions", "control"] = Field("functions", description="functions: optimisation episodes on "
+                                                  "objective functions (props.grpo.functions; rewards pay for "
+                                                  "improvement); control: the original's recipe, scored vectors of "
+                                                  "props.grpo.task (policy and improvement rewards from rollouts)")
+    functions: PropsFunctionDataParams = Field(default_factory=PropsFunctionDataParams,
+                                               description="data functions: the episodes")
+    seeds: list[int] = Field([0], min_length=1, description="training seeds, one DVC stage item and one adapter "
+                                                            "each (the seed of TRL's sampler, the adapter's "
+                                                            "initialisation and sampling; the data stay the same)")
+    eval_every: int = Field(0, ge=0, description="validate (mean reward of replies to the validation examples) every "
+                                                 "this many steps and keep the best adapter; 0: validate at the "
+                                                 "start and the end only")
+    validation_samples: int = Field(2, ge=1, description="replies sampled per validation example (fixed seeds: the "
+                                                         "same draws for every checkpoint)")
+    task: str = Field("mountaincar_continuous", description="data control: the task the vectors are scored on (the "
                                                             "original: MountainCarContinuous-v0)")
-    vectors: int = Field(40, ge=2, description="parameter vectors drawn uniformly from props.space (the original: "
-                                               "4,000)")
-    episodes: int = Field(2, gt=0, description="episodes scoring each vector; their mean is the f(params) shown "
-                                               "in the prompt and the improvement reward's R_old (original: 20)")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of vectors held out (never trained on)")
-    seed: int = Field(0, ge=0, description="seed of the vectors, the split, the scoring and rollout seeds")
-    optimum_hint: bool = Field(True, description="show the task's optimum hint in the prompt (the original did)")
-    step_size: float | None = Field(None, gt=0, description="exploration step the prompt suggests (None: the task's, "
-                                                            "as the search; the original's GRPO prompt: 1.0)")
-    iteration: int = Field(1, gt=0, description="iteration number the prompt states (the original: 1)")
-    total_iterations: int = Field(30, gt=0, description="iteration count the prompt states (the original: 400)")
+    vectors: int = Field(40, ge=2, description="data control: parameter vectors drawn uniformly from props.space "
+                                               "(the original: 4,000)")
+    episodes: int = Field(2, gt=0, description="data control: episodes scoring each vector; their mean is the "
+                                               "f(params) shown in the prompt and the improvement reward's R_old "
+                                               "(original: 20)")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="data control: share of vectors held out (never "
+                                                              "trained on)")
+    seed: int = Field(0, ge=0, description="data control: seed of the vectors, the split, the scoring and rollout "
+                                           "seeds")
+    optimum_hint: bool = Field(True, description="show the optimum hint in the prompt (the original did; the "
+                                                 "search's props.search.optimum_hint)")
+    step_size: float | None = Field(None, gt=0, description="data control: exploration step the prompt suggests "
+                                                            "(None: the task's, as the search; the original's GRPO "
+                                                            "prompt: 1.0)")
+    iteration: int = Field(1, gt=0, description="data control: iteration number the prompt states (the original: 1)")
+    total_iterations: int = Field(30, gt=0, description="iteration count the prompt states (the original: 400; "
+                                                        "data functions: the held-out search's)")
     answer_prefix: str = Field("", description="text that opens the assistant turn the completions continue, as "
                                                "props.llm.answer_prefix opens the search's ('': the model writes "
                                                "the whole reply, the original's <think> format); the rewards read "
                                                "it with the completion")
-    return_floor: float = Field(-200.0, description="return mapped to 0 by the normalisation both return rewards "
-                                                    "use (original: -200 on MountainCarContinuous)")
-    return_span: float = Field(300.0, gt=0, description="returns >= return_floor + return_span normalise to 1 "
-                                                        "(original: 300)")
+    return_floor: float = Field(-200.0, description="data control: return mapped to 0 by the normalisation both "
+                                                    "return rewards use (original: -200 on MountainCarContinuous)")
+    return_span: float = Field(300.0, gt=0, description="data control: returns >= return_floor + return_span "
+                                                        "normalise to 1 (original: 300)")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
-    trainer: GRPOTrainParams = Field(default_factory=GRPOTrainParams, description="TRL GRPO and LoRA settings")
+    trainer: GRPOTrainParams = Field(default_factory=GRPOTrainParams, description="TRL GRPO and LoRA settings "
+                                                                                  "(its seed is each item's "
+                                                                                  "training seed)")
+
+    @model_validator(mode="after")
+    def _distinct_seeds(self) -> PropsGRPOParams:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: must be distinct, got {self.seeds}")
+        return self
+
+
+class PropsHeldoutParams(Section):
+    """``props.heldout``: the tuned optimizer in the ProPS search on test functions it never saw
+    (``props_heldout``), against the base model, random search, hill climbing and CEM at equal evaluations. The
+    search's other settings (re-asks, prompt budget, hint) come from ``props.search``, the sampling from
+    ``props.llm``."""
+
+    dims: list[int] = Field([2, 3, 4], min_length=1, description="dimensions of the test functions (one search "
+                                                                 "task each)")
+    functions_per_dim: int = Field(8, ge=1, description="test functions per dimension (the families alternate)")
+    validation_functions_per_dim: int = Field(4, ge=1, description="validation functions per dimension on which "
+                                                                   "hill climbing's step is tuned")
+    iterations: int = Field(30, gt=0, description="evaluations per search, every method")
+    base_reps: int = Field(1, ge=1, description="runs per function of the base model (sampling streams); the tuned "
+                                                "optimizer runs once per training seed")
+    reps: int = Field(3, ge=1, description="runs per function of each baseline (random streams)")
+    hill_steps: list[float] = Field([0.25, 0.5, 1.0, 2.0], min_length=1, description="hill-climbing steps tried on "
+                                                                                     "the validation functions")
+    cem: CEMParams = Field(default_factory=lambda: CEMParams(population=5, episodes_per_candidate=1, init_std=3.0),
+                           description="CEM (one evaluation per candidate)")
+    prompt_token_budget: int = Field(640, gt=0, description="prompt tokens of each search (oldest history dropped "
+                                                            "to fit), about the longest training prompts")
+    confidence: float = Field(0.95, gt=0, lt=1, description="bootstrap interval level")
+    reps_bootstrap: int = Field(2000, gt=0, description="bootstrap resamples")
+
+    @model_validator(mode="after")
+    def _cem_budget(self) -> PropsHeldoutParams:
+        if self.iterations % (self.cem.population * self.cem.episodes_per_candidate):
+            raise ValueError(f"cem: population x episodes_per_candidate must divide iterations ({self.iterations})")
+        if any(h <= 0 for h in self.hill_steps):
+            raise ValueError(f"hill_steps: every step must be > 0, got {self.hill_steps}")
+        return self
 
 
 class PropsParams(Section):
@@ -233,6 +330,8 @@ class PropsParams(Section):
     quadratic: PropsQuadraticParams = Field(default_factory=PropsQuadraticParams,
                                             description="the environment-free check of in-context optimisation")
     grpo: PropsGRPOParams = Field(default_factory=PropsGRPOParams, description="GRPO fine-tuning of the optimizer")
+    heldout: PropsHeldoutParams = Field(default_factory=PropsHeldoutParams, description="the tuned optimizer on "
+                                                                                        "test functions")
 
     @model_validator(mode="after")
     def _equal_budgets(self) -> PropsParams:
@@ -243,4 +342,10 @@ class PropsParams(Section):
             raise ValueError(f"baselines.cem: population x episodes_per_candidate ({per_gen}) must divide the "
                              f"search budget iterations x episodes_per_eval ({budget}): every method of a table "
                              "spends the same episodes")
+        outside = [t for t in self.transfer.tasks if t not in self.search.tasks]
+        if outside:
+            raise ValueError(f"transfer.tasks: {outside} not in search.tasks {self.search.tasks} (the tuned optimizer "
+                             "is compared with the base model's runs there)")
+        if self.transfer.method not in self.search.methods:
+            raise ValueError(f"transfer.method: {self.transfer.method!r} not in search.methods {self.search.methods}")
         return self

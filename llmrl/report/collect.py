@@ -369,7 +369,7 @@ def kalm_section(root: Path) -> Section:
 def props_section(root: Path, *, videos: bool) -> Section:
     s = Section("props", TITLES["props"], SUMMARIES["props"])
     rel = "metrics/props/eval"
-    tasks = [d.name for d in _entries(root, rel, "*/") if d.name != "transfer"]
+    tasks = [d.name for d in _entries(root, rel, "*/")]
     # beside every LLM row: the share of its proposals the LLM made (the rest are random fallbacks)
     extra = [("search episodes", "train_episodes"), ("LLM-proposed", "llm_proposed"),
              ("parse failure", "parse_failure")]
@@ -392,14 +392,38 @@ def props_section(root: Path, *, videos: bool) -> Section:
             rel_video = f"plots/props/videos/{task}.mp4"
             s.videos.append(Video(f"{task}: the best LLM-found policy's held-out episode", _need(root, rel_video),
                                   f"{task}.mp4"))
-    transfer = f"{rel}/transfer"
-    s.tables.append(headline_table(
-        "props-transfer", "The GRPO-tuned optimizer against the base model, per task", f"{transfer}/",
-        [(f"{d.name}: {p.stem}", read_json(p)) for d in _entries(root, transfer, "*/")
-         for p in _entries(root, f"{transfer}/{d.name}")], extra=extra))
+    s.tables += props_heldout_tables(root)
+    grpo = "plots/props/grpo"
+    seeds = [d.name for d in _entries(root, grpo, "*/")]
+    s.plots.append(CurvePlot("props-grpo-validation", "GRPO of the optimizer: mean validation reward (replies to "
+                             "validation functions) against the optimiser step, per training seed", f"{grpo}/", "step",
+                             "validation reward", [_tsv_series(root, f"{grpo}/{seed}/plots/metrics/validation/score.tsv",
+                                                               f"seed {seed}") for seed in seeds]))
     if not videos:
         s.notes.append("Videos not recorded: switched off in params.")
     return s
+
+
+def props_heldout_tables(root: Path) -> list[Table]:
+    """The tuned optimizer on test functions: each method's IQM of the functions' gap-closed scores and its reply
+    shares, and each comparison's probability of improvement and paired difference."""
+    rel = "metrics/props/heldout.json"
+    h = _json(root, rel)
+    b = h["budget"]
+    cols = ["improve_share", "repeat_share", "parse_failure_share", "fallback_share"]
+    rows = [[m, f"{_num(e['iqm'])} [{_num(e['iqm_lo'])}, {_num(e['iqm_hi'])}]", _num(e["mean"]), _num(e["runs"]),
+             _num(e["items"]), *(_num(e.get(c)) if c in e else "—" for c in cols)] for m, e in h["methods"].items()]
+    comps = [[k.replace("_over_", " over "), f"{_num(v['poi'])} [{_num(v['poi_lo'])}, {_num(v['poi_hi'])}]",
+              f"{_num(v['paired_difference'])} [{_num(v['paired_lo'])}, {_num(v['paired_hi'])}]", v["verdict"]]
+             for k, v in h["comparisons"].items()]
+    return [Table("props-heldout", f"Test functions never seen in training ({b['test_functions']} functions, "
+                  f"{b['evaluations_per_search']} evaluations per search): score = orders of magnitude of the gap to "
+                  "the optimum closed; IQM with a stratified-bootstrap interval over runs x functions", rel,
+                  ["method", "IQM [95 % CI]", "mean", "runs per function", "functions", "proposals improving",
+                   "proposals repeating", "replies unparsed", "random fallbacks"], rows),
+            Table("props-heldout-comparisons", "Paired by function: rliable's probability of improvement and the "
+                  "mean score difference with a hierarchical bootstrap (functions, then runs)", rel,
+                  ["comparison", "P(improvement) [95 % CI]", "paired difference [95 % CI]", "verdict"], comps)]
 
 
 def collect_report(root: Path, methods: Sequence[str], *, props_videos: bool) -> Report:

@@ -452,15 +452,35 @@ def props_tables(root: Path, tier: str = "") -> list[DocTable]:
               ("parse failure", "parse_failure"))
     if not (Path(root) / evals).is_dir():
         raise MissingResultError(f"{evals}: missing (the docs read it; run or pull the stage that writes it)")
-    for task in sorted(d.name for d in (Path(root) / evals).iterdir() if d.is_dir() and d.name != "transfer"):
+    for task in sorted(d.name for d in (Path(root) / evals).iterdir() if d.is_dir()):
         tables.append(headline_folder_table(
             root, f"props-{ids}{task}", f"{task}: held-out return of each run's final policy; every method spends "
-            "the same training episodes.", f"{evals}/{task}", extras=extras, order=order))
-    transfer = Path(root) / evals / "transfer"
-    for task in sorted(d.name for d in transfer.iterdir() if d.is_dir()) if transfer.is_dir() else ():
-        tables.append(headline_folder_table(
-            root, f"props-{ids}transfer-{task}", f"Transfer to {task}: the GRPO-tuned optimizer against the base "
-            "model.", f"{evals}/transfer/{task}", extras=extras, order=("base", "tuned")))
+            "the same training episodes (`props_tuned`: the GRPO-tuned optimizer, where the task is a transfer "
+            "task).", f"{evals}/{task}", extras=extras, order=order))
+    heldout = f"{tier}metrics/props/heldout.json"
+    if tier and not (Path(root) / heldout).is_file():
+        return tables  # the study is run in parts: its held-out test may not have run yet (the page says so)
+    h = read_value(root, heldout, ())
+    rows = [[label(f"`{m}`"), Cell(tuple(_with_interval(root, heldout, ("methods", m), "iqm"))),
+             *(Cell((figure(root, heldout, ("methods", m, k)),)) if k in e else label(EM_DASH)
+               for k in ("runs", "items", "improve_share", "repeat_share", "parse_failure_share"))]
+            for m, e in h["methods"].items()]
+    tables.append(DocTable(f"props-{ids}heldout", "Test functions the optimizer never saw: each method's IQM of the "
+                           "functions' scores (orders of magnitude of the gap to the optimum closed) over runs x "
+                           "functions, and the shares of the LLM's proposals that improve on the best so far, repeat "
+                           "an evaluated point, and of its replies that fail to parse.", [heldout],
+                           ["method", "IQM [95 % CI]", "runs per function", "functions", "improving", "repeating",
+                            "unparsed"], rows))
+    comps = [[label(k.replace("_over_", " over ")), Cell(tuple(_with_interval(root, heldout, ("comparisons", k), "poi"))),
+              Cell((figure(root, heldout, ("comparisons", k, "paired_difference")), " [",
+                    figure(root, heldout, ("comparisons", k, "paired_lo")), ", ",
+                    figure(root, heldout, ("comparisons", k, "paired_hi")), "]")),
+              Cell((figure(root, heldout, ("comparisons", k, "verdict")),))] for k in h["comparisons"]]
+    tables.append(DocTable(f"props-{ids}heldout-comparisons", "Paired by test function: rliable's probability of "
+                           "improvement and the mean score difference with a hierarchical bootstrap over functions "
+                           "and runs (verdict: higher or lower only where the interval excludes 0).", [heldout],
+                           ["comparison", "P(improvement) [95 % CI]", "paired difference [95 % CI]", "verdict"],
+                           comps))
     return tables
 
 

@@ -130,11 +130,14 @@ def props_rows(root: Path) -> dict[tuple[str, str], np.ndarray]:
 
 
 def props_comparisons(root: Path) -> list[Comparison]:
-    """ProPS and ProPS+ against random search on every task, at equal episodes (props_eval checks the budgets)."""
+    """ProPS, ProPS+ and the GRPO-tuned optimizer against random search on every task, and the tuned optimizer
+    against the base model's ProPS, at equal episodes (props_eval checks the budgets)."""
     rows = props_rows(root)
-    return [Comparison(task, method, "random_search", v, rows[(task, "random_search")])
-            for (task, method), v in rows.items()
-            if method in ("props", "props_plus") and (task, "random_search") in rows]
+    out = [Comparison(task, method, "random_search", v, rows[(task, "random_search")])
+           for (task, method), v in rows.items()
+           if method in ("props", "props_plus", "props_tuned") and (task, "random_search") in rows]
+    return out + [Comparison(task, "props_tuned", "props", v, rows[(task, "props")])
+                  for (task, method), v in rows.items() if method == "props_tuned" and (task, "props") in rows]
 
 
 # ---- LLM_RL ----------------------------------------------------------------------------------------------------------

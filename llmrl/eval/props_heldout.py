@@ -1,0 +1,128 @@
+"""The tuned ProPS optimizer on functions it never saw: scores, aggregates, paired comparisons and reply shares; and
+the summary of a GRPO run.
+
+A run is one search of one method on one test function (``llmrl.envs.functions``): its rows (one per evaluation)
+and its ``best_return``, the best f found within the budget. Its score is ``gap_closed`` of that value: the orders
+of magnitude by which it closed the gap between an average random point and the optimum (0 for an average random
+point, 6 at the optimum), so functions of different scales and dimensions weigh alike. An item is a function; a method's runs on an item are its repetitions (the tuned
+optimizer: one per training seed; the base model and the baselines: sampling or random streams).
+
+Per method: rliable's IQM over all run x item scores. Per comparison (A over B): rliable's probability of
+improvement, and the mean paired difference of scores with a hierarchical bootstrap
+(functions, then runs within each: ``llmrl.eval.paired.paired_hierarchical_bootstrap``). Every interval is of that
+two-level bootstrap (rliable's statistics, ``over_tasks``): the base model runs once per function, and rliable's
+runs-only draw would give it no interval at all. Per LLM run, the shares
+of its proposals that improve on the best value so far, repeat a point already evaluated, and of its replies that
+fail to parse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from llmrl.eval.rliable_stats import iqm, probability_of_improvement
+from llmrl.eval.paired import paired_hierarchical_bootstrap
+
+__all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary"]
+
+
+def reply_shares(rows: Sequence[dict]) -> dict:
+    """Shares of an LLM search's proposals (``proposal == "llm"``) that improve on the best value before them and
+    that repeat an evaluated point, and of its replies that failed to parse (re-asks included), from its rows
+    (cumulative counters in the last)."""
+    best = -np.inf
+    improved = proposed = 0
+    for r in rows:
+        if r["proposal"] == "llm":
+            proposed += 1
+            improved += r["return_mean"] > best
+        best = max(best, r["return_mean"])
+    last = rows[-1]
+    return {"proposals": proposed, "improve_share": round(improved / proposed, 4) if proposed else None,
+            "repeat_share": round(last["duplicates"] / proposed, 4) if proposed else None,
+            "parse_failure_share": round(last["parse_failures"] / last["llm_calls"], 4) if last["llm_calls"] else None,
+            "fallback_share": round(last["fallbacks"] / len(rows), 4)}
+
+
+def score_matrix(runs: Sequence[dict], method: str, items: Sequence[tuple]) -> np.ndarray:
+    """[runs, items] scores of ``method``: row r holds its repetition r on every item (each item needs the same
+    repetitions)."""
+    mine = [r for r in runs if r["method"] == method]
+    reps = sorted({r["rep"] for r in mine})
+    cell = {(r["rep"], (r["dim"], r["function"])): r["score"] for r in mine}
+    missing = [(rep, it) for rep in reps for it in items if (rep, it) not in cell]
+    if not mine or missing:
+        raise ValueError(f"score_matrix: method {method!r} lacks runs {missing[:3]}{' ...' if len(missing) > 3 else ''}"
+                         if mine else f"score_matrix: no runs of {method!r}")
+    return np.array([[cell[(rep, it)] for it in items] for rep in reps])
+
+
+def heldout_table(runs: Sequence[dict], comparisons: Sequence[tuple[str, str]], *, confidence: float = 0.95,
+                  reps: int = 2000) -> dict:
+    """Per method its IQM (and mean) with intervals, its runs, items and budget, and for LLM methods the reply
+    shares; per comparison (a, b) the probability of improvement and the paired difference."""
+    items = sorted({(r["dim"], r["function"]) for r in runs})
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    budgets = {m: {r["rows"][-1]["episodes"] for r in runs if r["method"] == m} for m in methods}
+    if len(set().union(*budgets.values())) != 1:
+        raise ValueError(f"heldout_table: methods spent different evaluations: {budgets}")
+    scores = {m: score_matrix(runs, m, items) for m in methods}
+    table: dict = {"items": len(items), "evaluations": next(iter(budgets[methods[0]])), "methods": {}}
+    for m in methods:
+        s = scores[m]
+        entry = {"iqm": iqm(s, reps=reps, confidence=confidence, over_tasks=True), "mean": round(float(s.mean()), 4),
+                 "runs": int(s.shape[0]), "items": int(s.shape[1])}
+        mine = [r for r in runs if r["method"] == m]
+        if "llm_calls" in mine[0]["rows"][-1]:
+            shares = [reply_shares(r["rows"]) for r in mine]
+            entry["replies"] = {k: round(float(np.mean([x[k] for x in shares if x[k] is not None])), 4)
+                                for k in ("improve_share", "repeat_share", "parse_failure_share", "fallback_share")
+                                if any(x[k] is not None for x in shares)}
+        table["methods"][m] = entry
+    table["comparisons"] = {
+        f"{a}_over_{b}": {"probability_of_improvement": probability_of_improvement(scores[a], scores[b], reps=reps,
+                                                                                   confidence=confidence,
+                                                                                   over_tasks=True),
+                          "paired_difference": paired_hierarchical_bootstrap(scores[a], scores[b], reps=reps,
+                                                                             confidence=confidence)}
+        for a, b in comparisons if a in scores and b in scores}
+    return table
+
+
+def _rates(rows: Sequence[dict]) -> dict:
+    n = len(rows)
+    return {"improve_rate": round(sum(r["reward_improvement"] > 0 for r in rows) / n, 4),
+            "duplicate_rate": round(sum(r["reward_duplicate_penalty"] < 0 for r in rows) / n, 4),
+            "parse_failure_rate": round(sum(r["reward_parse_penalty"] < 0 for r in rows) / n, 4)}
+
+
+def grpo_summary(rows: Sequence[dict], completions: Sequence[dict], validations: Sequence[dict], *,
+                 functions: bool) -> dict:
+    """What a GRPO run did, from TRL's rows, every recorded completion and every validation (step, score, rates):
+    steps, completions, the mean reward at the first and last step, the validation score at step 0 (the base
+    model), at the selected step and at the last; for function data the shares of training replies that improve,
+    repeat or fail to parse over the first and the last tenth of the steps."""
+    if not validations:
+        raise ValueError("grpo_summary: no validation was recorded")
+    rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
+    best = max(validations, key=lambda v: (v["score"], -v["step"]))
+    base = next((v for v in validations if v["step"] == 0), None)
+    out = {"steps": len(rows), "completions": len(completions),
+           "reward_mean_first_last": [rewards[0], rewards[-1]] if rewards else [None, None],
+           "validations": len(validations), "selected_step": best["step"],
+           "validation_score_base": None if base is None else round(base["score"], 4),
+           "validation_score_selected": round(best["score"], 4),
+           "validation_score_last": round(validations[-1]["score"], 4)}
+    if functions:
+        keys = ("improve_rate", "duplicate_rate", "parse_failure_rate")
+        out["validation_base"] = {k: base[k] for k in keys} if base else None
+        out["validation_selected"] = {k: best[k] for k in keys}
+        steps = sorted({c["step"] for c in completions})
+        if steps:
+            tenth = max(1, len(steps) // 10)
+            first, last = set(steps[:tenth]), set(steps[-tenth:])
+            out["train_replies_first"] = _rates([c for c in completions if c["step"] in first])
+            out["train_replies_last"] = _rates([c for c in completions if c["step"] in last])
+    return out

@@ -1,0 +1,126 @@
+"""Stage props_grpo_part: one part of the GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM, for one training
+seed; the parts of a seed resume one another, so a run of hundreds of steps is cut into stages of minutes.
+
+``python -m stages.props_grpo_part <part> <of> <seed>`` trains steps (part - 1) x S + 1 to part x S of
+``props.grpo.trainer.max_steps`` (S = max_steps / of, rounded up), resuming from part - 1's full checkpoint
+(adapter, optimiser, schedule, random states: the parts equal one uncut run). The data are
+``props.grpo.data``'s (``llmrl.algos.props_grpo_functions.grpo_data``: optimisation episodes on the train split's
+functions at the CPU tiers, the original's scored MountainCar vectors in the paper profile). Every
+``props.grpo.eval_every`` steps, at step 0 and at the last step, the policy answers the validation examples
+(``validation_samples`` replies each, fixed seeds) and the adapter with the best mean reward is kept
+(``llmrl.algos.grpo.BestAdapter``): checkpoint selection on validation data only.
+
+Writes ``models/props/grpo_parts/<part>/<seed>/``: ``checkpoint/`` (TRL's, for the next part; not in the last),
+``best/`` (the best adapter so far, byte-stable), ``selection.json`` (every validation's step, score and rates) and
+the records so far (``rows.jsonl``: TRL's metrics per step; ``completions.jsonl``: every sampled completion with
+its rewards; ``validation.jsonl``: every validation reply). ``props_grpo`` publishes the last part's.
+"""
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+
+import torch
+from datasets import Dataset
+
+from llmrl.algos.grpo import (BestAdapter, build_grpo_trainer, checkpoint_path, gather_records, part_end, recording,
+                              save_adapter, train, validate_every, validation_replies)
+from llmrl.algos.props_grpo_functions import grpo_data, outcome_rates, reply_outcomes
+from llmrl.config.props import PropsGRPOParams, PropsSearchParams, PropsSpaceParams
+from llmrl.files import atomic_path
+from llmrl.llm.load import load_model
+from llmrl.seeding import seed_everything
+from stages import paths
+from stages.common import log, model_spec, stage_arguments, stage_params
+from stages.launch import launched
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def write_jsonl(path, rows) -> None:
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = stage_arguments("props_grpo_part", argv, part="this part, 1..of", of="parts of the run",
+                           seed="training seed (props.grpo.seeds)")
+    part, of, seed = int(args.part), int(args.of), int(args.seed)
+    space = stage_params("props.space", PropsSpaceParams)
+    p = stage_params("props.grpo", PropsGRPOParams)
+    search = stage_params("props.search", PropsSearchParams)
+    if seed not in p.seeds:
+        raise SystemExit(f"props_grpo_part: seed {seed} is not among props.grpo.seeds {p.seeds}")
+    if not 1 <= part <= of:
+        raise SystemExit(f"props_grpo_part: part {part} is outside 1..{of}")
+    total = p.trainer.max_steps
+    if total is None or total < of:
+        raise SystemExit(f"props_grpo_part: props.grpo.trainer.max_steps ({total}) must be set and >= the {of} parts")
+    end = part_end(part, of, total)
+    out = paths.props_grpo_part(part, of, seed).state
+    prev = paths.props_grpo_part(part - 1, of, seed).state if part > 1 else None
+    seed_everything(seed)
+    torch.set_num_threads(p.threads)
+    t0 = time.perf_counter()
+    data = grpo_data(p, space, search.max_episode_steps.get(p.task))
+    cfg = p.trainer.model_copy(update={"seed": seed})
+    launch = launched(p.device, own_loop=False)  # TRL's trainer runs DDP over the processes itself
+    llm = load_model(model_spec(p.model), device=launch.device, dtype=p.dtype)  # plain: TRL attaches the adapter
+    selection = BestAdapter.load(prev) if prev else BestAdapter()
+    rows = read_jsonl(prev / "rows.jsonl") if prev else []
+    completions = read_jsonl(prev / "completions.jsonl") if prev else []
+    validation = read_jsonl(prev / "validation.jsonl") if prev else []
+    new_completions: list[dict] = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".props_grpo_trl.", dir=out.parent) as trl_dir:
+        run = build_grpo_trainer(llm, Dataset.from_list(data.train),
+                                 recording(data.reward_funcs, new_completions, keys=data.keys), cfg, trl_dir)
+        policy = dataclasses.replace(llm, model=run.trainer.model)
+
+        def evaluate(step: int) -> None:
+            replies = validation_replies(policy, data.validation, data.reward_funcs, samples=p.validation_samples,
+                                         max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+                                         top_p=cfg.top_p, stop_at_newline=cfg.stop_at_newline,
+                                         seed=1_000_003 * (seed + 1), weights=cfg.reward_weights)
+            score = sum(r["reward"] for r in replies) / len(replies)
+            rates = (outcome_rates(reply_outcomes(replies, data.validation, space.low, space.high), cfg.reward_weights)
+                     if p.data == "functions" else {})
+            best = selection.consider(step, score, run.trainer.model, **rates)
+            validation.extend({"step": step, **r} for r in replies)
+            log.info("validation at step %d: mean reward %.3f%s%s", step, score,
+                     "".join(f", {k} {v}" for k, v in rates.items() if k.endswith("_rate")), " (best)" if best else "")
+
+        validate_every(run, p.eval_every, total, evaluate)
+        resume = prev / "checkpoint" if prev else None
+        for row in train(run, resume_from=resume, stop_after=end if part < of else None):
+            rows.append(row)
+            log.info("step %d/%d: reward %.3f, loss %.4f%s", row["step"], total, row.get("reward_mean", float("nan")),
+                     row["loss"], "".join(f", {k[7:]} {v:.3f}" for k, v in row.items()
+                                          if k.startswith("reward_") and k not in ("reward_mean", "reward_std")))
+        completions.extend(gather_records(new_completions))  # a collective: every process takes part
+        if not launch.is_main:
+            return
+        with atomic_path(out, is_dir=True) as tmp:
+            if part < of:
+                # what resuming reads; TRL's training_args.bin (a pickle naming this run's scratch folder) and model
+                # card would make two equal runs' outputs differ
+                shutil.copytree(checkpoint_path(run), tmp / "checkpoint",
+                                ignore=shutil.ignore_patterns("training_args.bin", "README.md"))
+            selection.save(tmp)
+            selection.restore(run.trainer.model)
+            save_adapter(run.trainer.model, tmp / "best", base_model=p.model)
+            write_jsonl(tmp / "rows.jsonl", [{k: v for k, v in r.items() if k != "step_time"} for r in rows])
+            write_jsonl(tmp / "completions.jsonl", completions)
+            write_jsonl(tmp / "validation.jsonl", validation)
+            (tmp / "part.json").write_text(json.dumps({"part": part, "of": of, "seed": seed, "last_step": end,
+                                                       "max_steps": total, **data.describe,
+                                                       "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
+    log.info("props_grpo_part %d/%d seed %d: steps to %d in %.0f s; best validation %.3f at step %s", part, of, seed,
+             end, time.perf_counter() - t0, selection.best_score, selection.best_step)
+
+
+if __name__ == "__main__":
+    main()
