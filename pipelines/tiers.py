@@ -114,6 +114,10 @@ def _under(path: str, outputs: set[str]) -> str | None:
         if path == out or path.startswith(out.rstrip("/") + "/") or literal == folder \
                 or literal.startswith(folder + "/"):
             return out
+        # inside a templated output's literal folder: ``models/props/grpo_parts/4`` holds items of
+        # ``models/props/grpo_parts/${item.part.n}/${item.seed}``
+        if "${" in out and folder.startswith(literal + "/"):
+            return out
         if template and (out.startswith(template + "/") or literal == template):
             return out
     return None
@@ -189,9 +193,24 @@ def _study_stage(name: str, stage: dict, outputs: set[str], stages: dict[str, tu
             new["params"] = ([{f"{STUDY}/params.yaml": keys}] if keys else []) + files
         elif key in ("outs", "metrics", "plots"):
             new[key] = [_study_out(o) for o in value]
+        elif key == "matrix":  # a matrix value naming a study output (a part's previous part) moves with it
+            new[key] = _study_values(value, outputs)
         else:
             new[key] = value
     return new
+
+
+def _study_values(node, outputs: set[str]):
+    """``node`` with every string that names a study stage's output (or a folder inside one) moved under study/."""
+    if isinstance(node, dict):
+        for k, v in node.items():  # in place: the node keeps its comments and layout
+            node[k] = _study_values(v, outputs)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            node[i] = _study_values(v, outputs)
+    elif isinstance(node, str) and "/" in node and _under(node, outputs):
+        return f"{STUDY}/{node}"
+    return node
 
 
 def _method(name: str) -> str | None:

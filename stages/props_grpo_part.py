@@ -1,14 +1,15 @@
 """Stage props_grpo_part: one part of the GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM, for one training
 seed; the parts of a seed resume one another, so a run of hundreds of steps is cut into stages of minutes.
 
-``python -m stages.props_grpo_part <part> <of> <seed>`` trains steps (part - 1) x S + 1 to part x S of
-``props.grpo.trainer.max_steps`` (S = max_steps / of, rounded up), resuming from part - 1's full checkpoint
+``python -m stages.props_grpo_part <part> <of> <seed>`` trains the steps after part - 1's end up to
+ceil(part x max_steps / of) of ``props.grpo.trainer.max_steps`` (``llmrl.algos.grpo.part_end``), resuming from part - 1's full checkpoint
 (adapter, optimiser, schedule, random states: the parts equal one uncut run). The data are
 ``props.grpo.data``'s (``llmrl.algos.props_grpo_functions.grpo_data``: optimisation episodes on the train split's
 functions at the CPU tiers, the original's scored MountainCar vectors in the paper profile). Every
 ``props.grpo.eval_every`` steps, at step 0 and at the last step, the policy answers the validation examples
-(``validation_samples`` replies each, fixed seeds) and the adapter with the best mean reward is kept
-(``llmrl.algos.grpo.BestAdapter``): checkpoint selection on validation data only.
+(``validation_samples`` replies each, fixed seeds) and the adapter with the best validation score is kept
+(``llmrl.algos.grpo.BestAdapter``): for function data the mean improvement (the share of the gap to the optimum a
+reply closes), for the control recipe the mean total reward; checkpoint selection on validation data only.
 
 Writes ``models/props/grpo_parts/<part>/<seed>/``: ``checkpoint/`` (TRL's, for the next part; not in the last),
 ``best/`` (the best adapter so far, byte-stable), ``selection.json`` (every validation's step, score and rates) and
@@ -85,9 +86,12 @@ def main(argv: list[str] | None = None) -> None:
                                          max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
                                          top_p=cfg.top_p, stop_at_newline=cfg.stop_at_newline,
                                          seed=1_000_003 * (seed + 1), weights=cfg.reward_weights)
-            score = sum(r["reward"] for r in replies) / len(replies)
+            reward = sum(r["reward"] for r in replies) / len(replies)
             rates = (outcome_rates(reply_outcomes(replies, data.validation, space.low, space.high), cfg.reward_weights)
                      if p.data == "functions" else {})
+            # functions: select on the behaviour the claim is about, the share of the gap closed; the total reward
+            # is mostly parsing and novelty, which the search's re-asks and fallback already cover
+            score = rates["improvement_mean"] if p.data == "functions" else reward
             best = selection.consider(step, score, run.trainer.model, **rates)
             validation.extend({"step": step, **r} for r in replies)
             log.info("validation at step %d: mean reward %.3f%s%s", step, score,

@@ -8,8 +8,8 @@ functions are the ``test`` split of ``llmrl.envs.functions`` (``functions_per_di
 construction from the train split GRPO saw and the validation split that chose its checkpoints; hill climbing's
 step is tuned on the validation split only. Every method spends ``iterations`` evaluations per search; the search
 is props_search's own loop (same prompt, parser, re-asks and fallback), one search per function, all of a
-dimension in lockstep. The base model runs ``base_reps`` times per function (sampling streams), each tuned adapter
-once, each baseline ``reps`` times (random streams).
+dimension in lockstep. The base model runs ``base_reps`` times per function (sampling streams 0, 1, ...), the adapter
+of the i-th training seed once (stream i), each baseline ``reps`` times (random streams).
 
 Writes data/props/heldout/ (runs.json: every run's rows, best point and score; records.jsonl: every prompt, reply
 and parse result), replies cached by content under data/props/replies/heldout/<optimizer>, metrics/props/heldout.json
@@ -31,7 +31,7 @@ from llmrl.config.props import PropsGRPOParams, PropsHeldoutParams, PropsLLMPara
     PropsSpaceParams
 from llmrl.envs.functions import FunctionTask, gap_closed
 from llmrl.eval.props_heldout import heldout_table
-from llmrl.files import atomic_path, write_json
+from llmrl.files import atomic_path, read_json, write_json
 from llmrl.fingerprint import fingerprint_line
 from llmrl.llm.faults import FaultGuard
 from llmrl.seeding import seed_everything
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(llm_p.threads)
     t0 = time.perf_counter()
 
-    # hill climbing's step, tuned on the validation functions (mean normalised best value over dims and reps)
+    # hill climbing's step, tuned on the validation functions (the mean gap-closed score over dims and reps)
     tuning = {}
     for step in h.hill_steps:
         scores = []
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             task = function_task("test", dim, g)
             states, rows = [], []
             start = time.perf_counter()
-            for row in props_search(task, ["props"], seeds, opt, budget, space, llm_p, states_out=states,
-                                    rep=rep if adapter is None else 0):
+            # tuned adapter i samples stream i, as base repetition i does: paired by stream where both exist
+            for row in props_search(task, ["props"], seeds, opt, budget, space, llm_p, states_out=states, rep=rep):
                 rows.append(row)
             for st in states:
                 runs.append(run_entry(task, space, name, rep, st, rows))
@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
                    "functions_per_dim": h.functions_per_dim, "base_runs_per_function": h.base_reps,
                    "tuned_runs_per_function": len(adapters), "baseline_runs_per_function": h.reps,
                    "training_seeds": list(g.seeds)}
-    concise = {"budget": budget_note, "hill_step": hill_step,
+    # which checkpoint each adapter is (step 0 would be the base model's weights: the tuned row is then the base's)
+    selected = [{"seed": s, "step": read_json(paths.props_grpo(s).metrics)["selected_step"]} for s in g.seeds]
+    concise = {"budget": budget_note, "hill_step": hill_step, "selected_steps": selected,
                "methods": {m: {"iqm": e["iqm"]["value"], "iqm_lo": e["iqm"]["ci_low"], "iqm_hi": e["iqm"]["ci_high"],
                                "mean": e["mean"], "runs": e["runs"], "items": e["items"], **e.get("replies", {})}
                            for m, e in table["methods"].items()},
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
                                for k, v in table["comparisons"].items()},
                "seconds": seconds}
     write_json(OUT.metrics, concise)
-    write_json(OUT.report, {"env": fingerprint_line(), "budget": budget_note, "hill_step_tuning": tuning,
+    write_json(OUT.report, {"env": fingerprint_line(), "budget": budget_note, "selected_steps": selected,
+                            "hill_step_tuning": tuning,
                             "hill_step": hill_step, "table": table, "quoted_replies": quoted,
                             "per_function": [{k: r[k] for k in ("method", "rep", "dim", "function", "family", "score")}
                                              for r in runs]})

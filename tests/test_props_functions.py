@@ -5,6 +5,7 @@ the uncut run; prefix-shared sampling equals unshared), hill climbing, and the h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from llmrl.agents.linear_policy import PlainVector, objective_for
 from llmrl.algos.blackbox import hill_climb, random_search
 from llmrl.algos.grpo import (BestAdapter, build_grpo_trainer, checkpoint_path, part_end, recording, train,
-                              validation_replies)
+                              validate_every, validation_replies)
 from llmrl.algos.props_grpo_functions import (PRODUCERS, duplicate_penalty, format_reward, function_records,
                                               history_for, improvement_reward, make_function_rewards,
                                               outcome_rates, parse_penalty, score_reply)
@@ -183,12 +184,19 @@ def _cfg(**kw):
                            lora=LoraSettings(r=4, alpha=8, dropout=0.1), **kw)
 
 
-def _run(cfg, parts, tmp_path, record):
+def _run(cfg, parts, tmp_path, record, validated=None):
     checkpoint = None
     for i, stop in enumerate(parts):
-        run = build_grpo_trainer(load_model("tiny"), Dataset.from_list(_records()),
+        llm = load_model("tiny")
+        run = build_grpo_trainer(llm, Dataset.from_list(_records()),
                                  recording([*make_function_rewards(SPACE), _length], record, keys=("id",)), cfg,
                                  tmp_path / f"part{i}")
+        if validated is not None:  # as props_grpo_part validates: generation inside the trainer, mid-run
+            policy = dataclasses.replace(llm, model=run.trainer.model)
+            validate_every(run, 2, cfg.max_steps, lambda step: validated.append(
+                (step, [r["completion"] for r in validation_replies(
+                    policy, _records()[:2], make_function_rewards(SPACE), samples=1, max_new_tokens=6,
+                    temperature=0.7, top_p=1.0, stop_at_newline=True, seed=5)])))
         rows = list(train(run, resume_from=checkpoint, stop_after=stop))
         if stop is not None:
             checkpoint = checkpoint_path(run)
@@ -219,16 +227,24 @@ def test_grpo_changes_every_lora_weight_and_the_reply_distribution_on_a_fixed_pr
 def test_a_run_cut_into_parts_equals_the_uncut_run(tmp_path):
     whole: list[dict] = []
     parts: list[dict] = []
-    run_a, _ = _run(_cfg(), [None], tmp_path / "a", whole)
-    run_b, rows = _run(_cfg(), [1, 3, None], tmp_path / "b", parts)
+    val_whole: list = []
+    val_parts: list = []
+    cfg = _cfg(stop_at_newline=True)
+    run_a, _ = _run(cfg, [None], tmp_path / "a", whole, val_whole)
+    run_b, rows = _run(cfg, [1, 3, None], tmp_path / "b", parts, val_parts)
     assert [r["step"] for r in rows] == [4]
     assert [c["completion"] for c in whole] == [c["completion"] for c in parts]
+    assert [s for s, _ in val_whole] == [0, 2, 4] and val_whole == val_parts  # validated at the same weights
     a = dict(run_a.trainer.model.named_parameters())
     for n, p in run_b.trainer.model.named_parameters():
         assert torch.equal(p, a[n]), n
     assert [part_end(k, 4, 10) for k in (1, 2, 3, 4)] == [3, 5, 8, 10]
     with pytest.raises(ValueError, match="part_end"):
         part_end(5, 4, 10)
+    run = build_grpo_trainer(load_model("tiny"), Dataset.from_list(_records()), make_function_rewards(SPACE),
+                             _cfg(num_iterations=2), tmp_path / "c")
+    with pytest.raises(ValueError, match="one generation round per optimiser step"):
+        list(train(run, stop_after=1))
 
 
 def test_prefix_shared_sampling_draws_the_same_completions(tmp_path):
@@ -328,6 +344,8 @@ def test_heldout_table_compares_paired_by_function_and_rates_replies():
     c = t["comparisons"]["props_tuned_over_props_base"]
     assert c["paired_difference"]["difference"] == pytest.approx(0.2) and c["paired_difference"]["verdict"] == "higher"
     assert c["probability_of_improvement"]["value"] > 0.5 and t["items"] == 6 and t["evaluations"] == 3
+    base = t["methods"]["props_base"]["iqm"]  # one run per function: the interval comes from drawing functions
+    assert base["runs"] == 1 and base["ci_high"] - base["ci_low"] > 0.1
     assert t["methods"]["props_tuned"]["replies"] == {"improve_share": 1.0, "repeat_share": 0.3333,
                                                       "parse_failure_share": 0.5, "fallback_share": 0.0}
     assert reply_shares(runs[0]["rows"])["proposals"] == 3

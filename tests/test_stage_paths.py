@@ -222,3 +222,16 @@ def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_publis
     assert parts[0]["after"] == "models/base_llm"
     assert [p["after"] for p in parts[1:]] == [f"models/props/grpo_parts/{n}" for n in range(1, len(parts))]
     assert f"models/props/grpo_parts/{paths.PROPS_GRPO_PARTS}" in stage["props_grpo"]["do"]["deps"]
+
+
+@pytest.mark.parametrize("pipeline", ["dvc.yaml", "study/dvc.yaml"])
+def test_dvc_lock_holds_only_live_stage_items(pipeline):
+    """A lock entry whose stage item left the pipeline (a renamed stage, a dropped foreach item) is stale state
+    that `dvc repro` never removes: it would be read as a result of the current pipeline."""
+    from dvc.repo import Repo
+
+    dvcfile = ROOT / pipeline
+    with Repo(str(ROOT)) as repo:
+        live = {s.addressing.split(":")[-1] for s in repo.index.stages if Path(s.dvcfile.path) == dvcfile}
+    locked = set(yaml.safe_load(dvcfile.with_suffix(".lock").read_text())["stages"])
+    assert sorted(locked - live) == []

@@ -124,3 +124,23 @@ def test_study_dag_maps_inputs_to_study_outputs():
     assert page["outs"] == ["study/reports/m"] and page["cmd"] == "LLMRL_TIER=study python stages/report.py m"
     with pytest.raises(KeyError, match="lacks"):
         tiers.study_dag(dvc_yaml, {"m": ("a", "nope")})
+
+
+def test_every_study_dependency_a_study_stage_writes_is_the_studys():
+    """A study stage reads what another study stage wrote from under study/, never the default pipeline's copy
+    (ProPS's GRPO parts: each resumes the previous study part, not the default's)."""
+    from pipelines.tiers import STUDY_STAGES, _out_path, _under
+
+    source = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    study = yaml.safe_load((ROOT / "study" / "dvc.yaml").read_text())["stages"]
+    names = [n for group in STUDY_STAGES.values() for n in group]
+    outputs = {_out_path(o) for n in names for kind in ("outs", "metrics", "plots")
+               for o in source[n].get("do", source[n]).get(kind, []) or []}
+    for name in names:
+        body = study[name].get("do", study[name])
+        values = [str(d) for d in body.get("deps", [])]
+        for rows in (body.get("matrix") or {}).values():
+            values += [v for row in rows if isinstance(row, dict) for v in row.values() if isinstance(v, str)]
+        for v in values:
+            if "${" not in v:
+                assert not _under(v, outputs) or v.startswith("study/"), (name, v)

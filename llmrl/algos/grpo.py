@@ -400,6 +400,13 @@ def train(run: GRPORun, *, resume_from: str | os.PathLike | None = None,
     rows: queue.Queue = queue.Queue()
     done = object()
     trainer = run.trainer
+    a = trainer.args
+    if (resume_from is not None or stop_after is not None) and (
+            getattr(trainer, "num_iterations", 1) > 1 or a.steps_per_generation != a.gradient_accumulation_steps):
+        # TRL keeps a generation round's completions across optimiser steps then; a part boundary inside a round
+        # would generate it again
+        raise ValueError("train: parts need one generation round per optimiser step (num_iterations 1, "
+                         "steps_per_generation = gradient_accumulation_steps)")
 
     class _Rows(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):

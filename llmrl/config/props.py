@@ -348,4 +348,20 @@ class PropsParams(Section):
                              "is compared with the base model's runs there)")
         if self.transfer.method not in self.search.methods:
             raise ValueError(f"transfer.method: {self.transfer.method!r} not in search.methods {self.search.methods}")
+        # the tuned optimizer is asked as the search asks: the same opening, hint and stated length
+        g = self.grpo
+        if g.answer_prefix != self.llm.answer_prefix:
+            raise ValueError(f"grpo.answer_prefix: {g.answer_prefix!r} differs from llm.answer_prefix "
+                             f"{self.llm.answer_prefix!r} (the search opens the tuned optimizer's replies with it)")
+        if g.optimum_hint != self.search.optimum_hint:
+            raise ValueError("grpo.optimum_hint must equal search.optimum_hint (the tuned optimizer is asked in search)")
+        if g.data == "functions" and g.total_iterations != self.heldout.iterations:
+            raise ValueError(f"grpo.total_iterations ({g.total_iterations}) must equal heldout.iterations "
+                             f"({self.heldout.iterations}): the iteration count its training prompts state")
+        if g.data == "functions" and g.functions.history_max >= g.total_iterations:
+            raise ValueError(f"grpo.functions.history_max ({g.functions.history_max}) must be below "
+                             f"grpo.total_iterations ({g.total_iterations}): a prompt states its iteration")
+        if self.llm.backend == "local" and self.llm.spec != g.model:
+            raise ValueError(f"llm.spec ({self.llm.spec!r}) must be grpo.model ({g.model!r}): the tuned optimizer is "
+                             "compared with the base model's searches")
         return self

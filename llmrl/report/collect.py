@@ -418,7 +418,7 @@ def props_heldout_tables(root: Path) -> list[Table]:
              for k, v in h["comparisons"].items()]
     return [Table("props-heldout", f"Test functions never seen in training ({b['test_functions']} functions, "
                   f"{b['evaluations_per_search']} evaluations per search): score = orders of magnitude of the gap to "
-                  "the optimum closed; IQM with a stratified-bootstrap interval over runs x functions", rel,
+                  "the optimum closed; IQM with a two-level bootstrap interval (functions, then runs)", rel,
                   ["method", "IQM [95 % CI]", "mean", "runs per function", "functions", "proposals improving",
                    "proposals repeating", "replies unparsed", "random fallbacks"], rows),
             Table("props-heldout-comparisons", "Paired by function: rliable's probability of improvement and the "
