@@ -199,8 +199,8 @@ def props_baselines() -> Outputs:
 PROPS_GRPO_PARTS = 4
 
 
-def props_grpo_part(part: int | str, of: int | str, seed: int | str) -> Outputs:
-    """Part ``part`` of ``of`` of the GRPO run of training seed ``seed``: its checkpoint, best adapter and records."""
+def props_grpo_part(part: int | str, seed: int | str) -> Outputs:
+    """Part ``part`` of the GRPO run of training seed ``seed``: its checkpoint, best adapter and records."""
     return Outputs(f"props_grpo_part@part{int(part) - 1}-{seed}",
                    state=PROPS.models / "grpo_parts" / str(int(part)) / str(seed))
 

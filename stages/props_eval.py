@@ -1,7 +1,8 @@
 """Stage props_eval: ProPS, ProPS+ and every baseline side by side, per task, with seed-level intervals of the
 held-out return of each run's final policy; the quadratic check (ProPS against random search without an
 environment); the GRPO-tuned optimizer (props_transfer, at the search's budget and seeds) in the table of each
-transfer task, with its seed-paired difference to the base model's runs of the same template. Every table compares
+transfer task beside the same base model run the same way (``<method>_untuned``), and their seed-paired
+difference. Every table compares
 its methods at one episode budget: a table whose methods spent different budgets is an error
 (``check_equal_budgets``).
 
@@ -50,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
             if key in tr.tasks:
                 tuned = read_json(paths.props_transfer(key).runs / "runs.json")["runs"]
                 runs += tuned
-                report["transfer"][key] = paired_difference(tuned, [r for r in runs if r["method"] == tr.method],
-                                                            confidence=ev.confidence, reps=ev.reps)
+                pair = ([r for r in tuned if r["method"] == f"{tr.method}_tuned"],
+                        [r for r in tuned if r["method"] == f"{tr.method}_untuned"])
+                report["transfer"][key] = (paired_difference(*pair, confidence=ev.confidence, reps=ev.reps)
+                                           if len(pair[0]) >= 2 else {"seeds": len(pair[0]), "verdict": "one seed"})
             methods = list(dict.fromkeys(r["method"] for r in runs))
             table = {m: headline([r for r in runs if r["method"] == m], **kw) for m in methods}
             check_equal_budgets(table, name=f"props_eval {key}")

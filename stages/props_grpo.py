@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     p = stage_params("props.grpo", PropsGRPOParams)
     if seed not in p.seeds:
         raise SystemExit(f"props_grpo: seed {seed} is not among props.grpo.seeds {p.seeds}")
-    state = paths.props_grpo_part(of, of, seed).state
+    state = paths.props_grpo_part(of, seed).state
     out = paths.props_grpo(seed)
     part = json.loads((state / "part.json").read_text())
     selection = json.loads((state / "selection.json").read_text())

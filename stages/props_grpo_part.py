@@ -1,8 +1,8 @@
 """Stage props_grpo_part: one part of the GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM, for one training
 seed; the parts of a seed resume one another, so a run of hundreds of steps is cut into stages of minutes.
 
-``python -m stages.props_grpo_part <part> <of> <seed>`` trains the steps after part - 1's end up to
-ceil(part x max_steps / of) of ``props.grpo.trainer.max_steps`` (``llmrl.algos.grpo.part_end``), resuming from part - 1's full checkpoint
+``python -m stages.props_grpo_part <part> <seed>`` trains the steps after part - 1's end up to
+ceil(part x max_steps / parts) of ``props.grpo.trainer.max_steps`` (``stages.paths.PROPS_GRPO_PARTS`` parts) (``llmrl.algos.grpo.part_end``), resuming from part - 1's full checkpoint
 (adapter, optimiser, schedule, random states: the parts equal one uncut run). The data are
 ``props.grpo.data``'s (``llmrl.algos.props_grpo_functions.grpo_data``: optimisation episodes on the train split's
 functions at the CPU tiers, the original's scored MountainCar vectors in the paper profile). Every
@@ -47,9 +47,9 @@ def write_jsonl(path, rows) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("props_grpo_part", argv, part="this part, 1..of", of="parts of the run",
+    args = stage_arguments("props_grpo_part", argv, part="this part, 1..PROPS_GRPO_PARTS (stages/paths.py)",
                            seed="training seed (props.grpo.seeds)")
-    part, of, seed = int(args.part), int(args.of), int(args.seed)
+    part, of, seed = int(args.part), paths.PROPS_GRPO_PARTS, int(args.seed)
     space = stage_params("props.space", PropsSpaceParams)
     p = stage_params("props.grpo", PropsGRPOParams)
     search = stage_params("props.search", PropsSearchParams)
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     if total is None or total < of:
         raise SystemExit(f"props_grpo_part: props.grpo.trainer.max_steps ({total}) must be set and >= the {of} parts")
     end = part_end(part, of, total)
-    out = paths.props_grpo_part(part, of, seed).state
-    prev = paths.props_grpo_part(part - 1, of, seed).state if part > 1 else None
+    out = paths.props_grpo_part(part, seed).state
+    prev = paths.props_grpo_part(part - 1, seed).state if part > 1 else None
     seed_everything(seed)
     torch.set_num_threads(p.threads)
     t0 = time.perf_counter()

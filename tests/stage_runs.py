@@ -87,6 +87,7 @@ TINY: dict[str, dict] = {
         "grpo": {"model": "models/base_llm", "vectors": 3, "episodes": 1, "validation_samples": 1,
                  "functions": {"train_examples": 4, "validation_examples": 2, "dims": [2]},
                  "trainer": {"num_generations": 2, "per_device_train_batch_size": 2, "max_steps": 4,
+                             "gradient_accumulation_steps": 1,
                              "max_completion_length": 6, "max_prompt_tokens": 1024}},
         "heldout": {"dims": [2], "functions_per_dim": 2, "validation_functions_per_dim": 1, "iterations": 3,
                     "base_reps": 1, "reps": 1, "hill_steps": [1.0], "reps_bootstrap": 50,

@@ -149,10 +149,21 @@ def results(tmp_path_factory) -> Path:
         fallbacks = {"fallbacks": 1} if "llm_proposed" in extra else {}
         _write(root, f"plots/props/curves/cartpole/{method}/plots/custom/best_return.json",
                [{"episodes": 10, "best_return": 32.3, **fallbacks}, {"episodes": 20, "best_return": ret[0]}])
-    for opt in ("base", "tuned"):
-        _write(root, f"{m}/props/eval/transfer/cartpole/{opt}.json",
-               {"env": ENV, "greedy": _mode(ret=(45.3833, 15.6167, 97.9621), seeds=3, episodes=60),
-                "parse_failure": 0.8, "train_episodes": 20})
+    _write(root, f"{m}/props/eval/cartpole/props_tuned.json",
+           {"env": ENV, "greedy": _mode(ret=(45.3833, 15.6167, 97.9621), seeds=3, episodes=60),
+            "parse_failure": 0.8, "llm_proposed": 0.5, "train_episodes": 40})
+    _write(root, "plots/props/curves/cartpole/props_tuned/plots/custom/best_return.json",
+           [{"episodes": 10, "best_return": 30.1}, {"episodes": 20, "best_return": 45.3833}])
+    entry = {"iqm": 1.25, "iqm_lo": 0.9, "iqm_hi": 1.6, "mean": 1.3, "runs": 3, "items": 24}
+    _write(root, f"{m}/props/heldout.json", {
+        "budget": {"test_functions": 24, "evaluations_per_search": 20},
+        "methods": {"props_tuned": {**entry, "improve_share": 0.31, "repeat_share": 0.05, "parse_failure_share": 0.1,
+                                    "fallback_share": 0.02},
+                    "random_search": {**entry, "iqm": 1.1}},
+        "comparisons": {"props_tuned_over_random_search": {"poi": 0.61, "poi_lo": 0.52, "poi_hi": 0.7,
+                                                           "paired_difference": 0.15, "paired_lo": 0.03,
+                                                           "paired_hi": 0.27, "verdict": "higher"}}})
+    _write(root, "plots/props/grpo/0/plots/metrics/validation/score.tsv", _tsv("score", [(0, 0.04), (50, 0.07)]))
     _video(root / "plots/props/videos/cartpole.mp4")
     return root
 
@@ -173,7 +184,7 @@ def _md_row(md: str, *cells: str) -> str:
 TABLE_IDS = ["baselines-BabyAI-GoToLocal-v0", "glam-eval-BabyAI-Text-GoToObjS4-v0", "glam-generalisation",
              "llm_rl-eval", "llm4teach-mpe", "llm4teach-simpledoorkey", "llm4teach-result", "kalm-babyai", "kalm-babyai-claims",
              "kalm-imagination",
-             "props-cartpole", "props-transfer"]
+             "props-cartpole", "props-heldout", "props-heldout-comparisons"]
 
 
 def test_every_method_table_with_the_numbers_the_metrics_hold(results, tmp_path):
@@ -202,7 +213,9 @@ def test_every_method_table_with_the_numbers_the_metrics_hold(results, tmp_path)
     _md_row(md, "babyai-dbc", "real + imagined", "real data", "overlapping", "overlapping")  # claims by intervals
     _md_row(md, "props", "greedy", "43.2833", "[28.1833, 68.1187]", "3", "60", "40", "0.625", "0.75")
     assert "props: random fallback" in html  # the curve marks where a seed's point was a random fallback
-    _md_row(md, "cartpole: tuned", "greedy", "45.3833", "[15.6167, 97.9621]")
+    _md_row(md, "props_tuned", "greedy", "45.3833", "[15.6167, 97.9621]")
+    _md_row(md, "props_tuned", "1.25 [0.9, 1.6]", "0.31", "0.05")  # the held-out functions, with reply shares
+    _md_row(md, "props_tuned over random_search", "0.61 [0.52, 0.7]", "0.15 [0.03, 0.27]", "higher")
     for text in ("[0.9812, 1.0]", "0.4111 [0.3111, 0.5111]", "[-31.5253, -28.0477]", "43.2833"):
         assert text in html
     # baselines whose metrics say beats_random: false are marked beside their number; the others are not
@@ -211,7 +224,7 @@ def test_every_method_table_with_the_numbers_the_metrics_hold(results, tmp_path)
     assert "not converged" not in _md_row(md, "student_llm", "-21.2861")
     assert html.count('class="flag">not converged<') == 2
     # curves inline, the video copied beside the page and linked relatively
-    assert html.count("<svg") == 6
+    assert html.count("<svg") == 7  # ProPS's GRPO validation curve is the seventh
     assert 'src="videos/cartpole.mp4"' in html and (tmp_path / "out/videos/cartpole.mp4").is_file()
     assert "(videos/cartpole.mp4)" in md
 
@@ -307,7 +320,7 @@ def test_page_in_headless_chromium(results, tmp_path):
                     assert tables.nth(i).is_visible(), f"{key} table {i}"
             for table in TABLE_IDS:
                 assert page.locator(f"#table-{table}").is_visible(), table
-            assert page.locator("figure svg").count() == 6
+            assert page.locator("figure svg").count() == 7
             # the relative video link resolves and the browser decodes it
             page.wait_for_function("document.querySelector('video').readyState >= 2", timeout=10_000)
             ARTIFACT.parent.mkdir(parents=True, exist_ok=True)

@@ -218,7 +218,6 @@ def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_publis
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     parts = stage["props_grpo_part"]["matrix"]["part"]
     assert [p["n"] for p in parts] == list(range(1, paths.PROPS_GRPO_PARTS + 1))
-    assert {p["of"] for p in parts} == {paths.PROPS_GRPO_PARTS}
     assert parts[0]["after"] == "models/base_llm"
     assert [p["after"] for p in parts[1:]] == [f"models/props/grpo_parts/{n}" for n in range(1, len(parts))]
     assert f"models/props/grpo_parts/{paths.PROPS_GRPO_PARTS}" in stage["props_grpo"]["do"]["deps"]

@@ -136,8 +136,8 @@ def props_comparisons(root: Path) -> list[Comparison]:
     out = [Comparison(task, method, "random_search", v, rows[(task, "random_search")])
            for (task, method), v in rows.items()
            if method in ("props", "props_plus", "props_tuned") and (task, "random_search") in rows]
-    return out + [Comparison(task, "props_tuned", "props", v, rows[(task, "props")])
-                  for (task, method), v in rows.items() if method == "props_tuned" and (task, "props") in rows]
+    return out + [Comparison(task, "props_tuned", "props_untuned", v, rows[(task, "props_untuned")])
+                  for (task, method), v in rows.items() if method == "props_tuned" and (task, "props_untuned") in rows]
 
 
 # ---- LLM_RL ----------------------------------------------------------------------------------------------------------
