@@ -30,7 +30,8 @@ from llmrl.algos.grpo import (BestAdapter, build_grpo_trainer, checkpoint_path, 
                               save_adapter, train, validate_every, validation_replies)
 from llmrl.algos.props_grpo_functions import grpo_data, outcome_rates, reply_outcomes
 from llmrl.config.props import PropsGRPOParams, PropsSearchParams, PropsSpaceParams
-from llmrl.files import atomic_path
+from llmrl.files import DiskFullError, atomic_path
+from llmrl.files import _disk_full as disk_full  # the one test of a full device, shared with atomic_path
 from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything
 from stages import paths
@@ -99,11 +100,17 @@ def main(argv: list[str] | None = None) -> None:
 
         validate_every(run, p.eval_every, total, evaluate)
         resume = prev / "checkpoint" if prev else None
-        for row in train(run, resume_from=resume, stop_after=end if part < of else None):
-            rows.append(row)
-            log.info("step %d/%d: reward %.3f, loss %.4f%s", row["step"], total, row.get("reward_mean", float("nan")),
-                     row["loss"], "".join(f", {k[7:]} {v:.3f}" for k, v in row.items()
-                                          if k.startswith("reward_") and k not in ("reward_mean", "reward_std")))
+        try:
+            for row in train(run, resume_from=resume, stop_after=end if part < of else None):
+                rows.append(row)
+                log.info("step %d/%d: reward %.3f, loss %.4f%s", row["step"], total,
+                         row.get("reward_mean", float("nan")), row["loss"],
+                         "".join(f", {k[7:]} {v:.3f}" for k, v in row.items()
+                                 if k.startswith("reward_") and k not in ("reward_mean", "reward_std")))
+        except Exception as err:
+            if disk_full(err):  # TRL's checkpoint, written beside the output: named as the output's own error
+                raise DiskFullError(out, err, "the part's checkpoint") from err
+            raise
         completions.extend(gather_records(new_completions))  # a collective: every process takes part
         if not launch.is_main:
             return
@@ -113,6 +120,14 @@ def main(argv: list[str] | None = None) -> None:
                 # card would make two equal runs' outputs differ
                 shutil.copytree(checkpoint_path(run), tmp / "checkpoint",
                                 ignore=shutil.ignore_patterns("training_args.bin", "README.md"))
+                # peft names the base model by this clone's absolute path and keeps the target modules in a set
+                # (its order follows the hash seed): the params' name and a sorted list, as save_adapter writes them
+                config = tmp / "checkpoint" / "adapter_config.json"
+                cfg_json = json.loads(config.read_text())
+                cfg_json["base_model_name_or_path"] = p.model
+                if isinstance(cfg_json.get("target_modules"), list):
+                    cfg_json["target_modules"] = sorted(cfg_json["target_modules"])
+                config.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
             selection.save(tmp)
             selection.restore(run.trainer.model)
             save_adapter(run.trainer.model, tmp / "best", base_model=p.model)
