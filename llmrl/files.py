@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DamagedFileError", "DiskFullError", "CHECKSUM_KEY", "CHECKSUMS_FILE", "atomic_path", "write_json",
-           "read_json", "json_checksum", "write_text", "save_torch", "sha256_file", "write_checksums",
+__all__ = ["DamagedFileError", "DiskFullError", "is_disk_full", "CHECKSUM_KEY", "CHECKSUMS_FILE", "atomic_path",
+           "write_json", "read_json", "json_checksum", "write_text", "save_torch", "sha256_file", "write_checksums",
            "verify_checksums"]
 
 CHECKSUM_KEY = "checksum"
@@ -51,7 +51,7 @@ class DiskFullError(OSError):
         self.output = Path(output)
 
 
-def _disk_full(err: BaseException) -> bool:
+def is_disk_full(err: BaseException) -> bool:
     """``err`` (or what caused it) says the device is full: an ``OSError`` errno, or the text libraries that wrap
     it pass on (safetensors, h5py)."""
     seen = 0
@@ -136,7 +136,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         _remove(tmp)
         if isinstance(err, DiskFullError) and err.output.is_relative_to(tmp):  # an output written inside this one
             raise DiskFullError(path, err.__cause__ or err, err.output.relative_to(tmp).as_posix()) from err
-        if isinstance(err, Exception) and not isinstance(err, DiskFullError) and _disk_full(err):
+        if isinstance(err, Exception) and not isinstance(err, DiskFullError) and is_disk_full(err):
             raise DiskFullError(path, err) from err
         raise
 

@@ -31,7 +31,7 @@ from llmrl.algos.grpo import (BestAdapter, build_grpo_trainer, checkpoint_path, 
 from llmrl.algos.props_grpo_functions import grpo_data, outcome_rates, reply_outcomes
 from llmrl.config.props import PropsGRPOParams, PropsSearchParams, PropsSpaceParams
 from llmrl.files import DiskFullError, atomic_path
-from llmrl.files import _disk_full as disk_full  # the one test of a full device, shared with atomic_path
+from llmrl.files import is_disk_full  # the one test of a full device, shared with atomic_path
 from llmrl.llm.load import load_model
 from llmrl.seeding import seed_everything
 from stages import paths
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                          "".join(f", {k[7:]} {v:.3f}" for k, v in row.items()
                                  if k.startswith("reward_") and k not in ("reward_mean", "reward_std")))
         except Exception as err:
-            if disk_full(err):  # TRL's checkpoint, written beside the output: named as the output's own error
+            if is_disk_full(err):  # TRL's checkpoint, written beside the output: named as the output's own error
                 raise DiskFullError(out, err, "the part's checkpoint") from err
             raise
         completions.extend(gather_records(new_completions))  # a collective: every process takes part

@@ -16,9 +16,12 @@ from llmrl.algos.reinforce_kl import ReinforceKL
 from tests.test_reinforce_kl import PROBLEMS, _episode, _params
 
 WORLD = 2
-# Measured max |Δ| between the 2-process and the 1-process trainable weights after the two updates below: 3.2e-7
-# (float32 rounding: each rank batches, pads and prefix-splits its share apart). The tolerance sits a little above.
-ATOL = 1e-6
+# Measured max |Δ| between the 2-process and the 1-process trainable weights after the two updates below: 3.2e-7 on
+# one host, 1.9e-6 on CI's and a Xeon host (float32 rounding: each rank batches, pads and prefix-splits its share
+# apart, and Adam divides by the root of tiny second moments, so the rounding differs by CPU kernel). The updates
+# move weights by more than 1e-3, and a rank loss missing its factor N moves them apart by 3.3e-3: the tolerance
+# sits well under both.
+ATOL = 1e-5
 SETTINGS = {"micro_batch": 4, "baseline": "batch", "beta": 0.25}
 
 
