@@ -14,7 +14,7 @@ of the i-th training seed once (stream i), each baseline ``reps`` times (random 
 Writes data/props/heldout/ (runs.json: every run's rows, best point and score; records.jsonl: every prompt, reply
 and parse result), replies cached by content under data/props/replies/heldout/<optimizer>, metrics/props/heldout.json
 (per method the IQM with its interval and the reply shares; per comparison rliable's probability of improvement and
-the paired hierarchical-bootstrap difference; the budget) and plots/props/heldout.json (the same in full, the hill
+the paired difference, functions and runs bootstrapped as crossed factors; the budget) and plots/props/heldout.json (the same in full, the hill
 step tuning table, per-function scores and quoted replies before and after tuning).
 """
 

@@ -29,7 +29,7 @@ from llmrl.config.lora import LoraSettings
 from llmrl.config.props import (PropsFunctionDataParams, PropsHeldoutParams, PropsSearchParams, PropsSpaceParams)
 from llmrl.envs.functions import SPLITS, FunctionTask, draw_function, gap_closed, normalised_score
 from llmrl.eval.props_heldout import heldout_table, reply_shares
-from llmrl.eval.paired import paired_hierarchical_bootstrap
+from llmrl.eval.paired import mean_bootstrap, paired_bootstrap
 from llmrl.llm.load import load_model
 
 SPACE = PropsSpaceParams()
@@ -318,17 +318,36 @@ def test_hill_climbing_steps_from_its_best_point_and_random_search_does_not():
         list(hill_climb(task, [0], search, SPACE, 0.0))
 
 
-def test_paired_hierarchical_bootstrap_finds_a_shift_and_no_shift():
+def test_paired_bootstrap_finds_a_shift_and_no_shift():
     rng = np.random.default_rng(0)
     items = rng.normal(size=(1, 24)) * 3  # item difficulty, shared by both methods
-    up = paired_hierarchical_bootstrap(items + 0.3 + rng.normal(0, 0.1, size=(3, 24)), items)
+    up = paired_bootstrap(items + 0.3 + rng.normal(0, 0.1, size=(3, 24)), items)
     assert up["verdict"] == "higher" and up["ci_low"] > 0 and up["runs"] == [3, 1] and up["items"] == 24
-    same = paired_hierarchical_bootstrap(items + rng.normal(0, 0.1, size=(3, 24)), items)
+    same = paired_bootstrap(items + rng.normal(0, 0.1, size=(3, 24)), items)
     assert same["verdict"] == "no difference" and same["ci_low"] < 0 < same["ci_high"]
     # pairing matters: unpaired, the item spread would swamp a 0.3 shift; paired it does not
     assert up["ci_high"] - up["ci_low"] < 0.3
     with pytest.raises(ValueError, match="same >= 2 items"):
-        paired_hierarchical_bootstrap(np.zeros((2, 3)), np.zeros((2, 4)))
+        paired_bootstrap(np.zeros((2, 3)), np.zeros((2, 4)))
+
+
+def test_a_seed_is_one_draw_for_every_item():
+    """Three seeds whose effects are -0.7, +0.3 and +1.3 on every item: their mean gain of 0.3 rests on three
+    draws, not on 3 x 24 answers. Drawing seeds apart per item would average their spread away and call it an
+    effect."""
+    rng = np.random.default_rng(1)
+    items = rng.normal(size=(1, 24)) * 3
+    seeds = items + np.array([[-0.7], [0.3], [1.3]]) + rng.normal(0, 0.05, size=(3, 24))
+    gain = paired_bootstrap(seeds, items)
+    assert gain["difference"] == pytest.approx(0.3, abs=0.05) and gain["verdict"] == "no difference"
+    assert gain["ci_low"] < -0.3 and gain["ci_high"] > 0.9  # the extremes: every draw the worst or the best seed
+    one = mean_bootstrap(seeds)
+    assert one["ci_low"] < items.mean() - 0.3 and one["ci_high"] > items.mean() + 0.9 and one["runs"] == 3
+    # one run: an interval over items alone, narrower than the three seeds' (their spread is gone)
+    single = mean_bootstrap(seeds[1:2])
+    assert single["runs"] == 1 and single["ci_high"] - single["ci_low"] < one["ci_high"] - one["ci_low"]
+    with pytest.raises(ValueError, match="must be finite"):
+        mean_bootstrap(np.array([[0.0, np.nan]]))
 
 
 def _run_row(method, rep, function, score, llm=False):

@@ -8,12 +8,11 @@ point, 6 at the optimum), so functions of different scales and dimensions weigh 
 optimizer: one per training seed; the base model and the baselines: sampling or random streams).
 
 Per method: rliable's IQM over all run x item scores. Per comparison (A over B): rliable's probability of
-improvement, and the mean paired difference of scores with a hierarchical bootstrap
-(functions, then runs within each: ``llmrl.eval.paired.paired_hierarchical_bootstrap``). Every interval is of that
-two-level bootstrap (rliable's statistics, ``over_tasks``): the base model runs once per function, and rliable's
-runs-only draw would give it no interval at all. Per LLM run, the shares
-of its proposals that improve on the best value so far, repeat a point already evaluated, and of its replies that
-fail to parse.
+improvement, and the mean paired difference of scores with a bootstrap that draws functions and runs as crossed
+factors (``llmrl.eval.paired.paired_bootstrap``: a training seed's adapter is one draw for every function). rliable's
+statistics draw functions, then runs within each (``over_tasks``): the base model runs once per function, and
+rliable's runs-only draw would give it no interval at all. Per LLM run, the shares of its proposals that improve on
+the best value so far, repeat a point already evaluated, and of its replies that fail to parse.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from llmrl.eval.rliable_stats import iqm, probability_of_improvement
-from llmrl.eval.paired import paired_hierarchical_bootstrap
+from llmrl.eval.paired import paired_bootstrap
 
 __all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary"]
 
@@ -85,8 +84,7 @@ def heldout_table(runs: Sequence[dict], comparisons: Sequence[tuple[str, str]], 
         f"{a}_over_{b}": {"probability_of_improvement": probability_of_improvement(scores[a], scores[b], reps=reps,
                                                                                    confidence=confidence,
                                                                                    over_tasks=True),
-                          "paired_difference": paired_hierarchical_bootstrap(scores[a], scores[b], reps=reps,
-                                                                             confidence=confidence)}
+                          "paired_difference": paired_bootstrap(scores[a], scores[b], reps=reps, confidence=confidence)}
         for a, b in comparisons if a in scores and b in scores}
     return table
 

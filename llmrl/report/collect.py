@@ -422,7 +422,7 @@ def props_heldout_tables(root: Path) -> list[Table]:
                   ["method", "IQM [95 % CI]", "mean", "runs per function", "functions", "proposals improving",
                    "proposals repeating", "replies unparsed", "random fallbacks"], rows),
             Table("props-heldout-comparisons", "Paired by function: rliable's probability of improvement and the "
-                  "mean score difference with a hierarchical bootstrap (functions, then runs)", rel,
+                  "mean score difference with functions and runs bootstrapped as crossed factors", rel,
                   ["comparison", "P(improvement) [95 % CI]", "paired difference [95 % CI]", "verdict"], comps)]
 
 

@@ -477,8 +477,8 @@ def props_tables(root: Path, tier: str = "") -> list[DocTable]:
                     figure(root, heldout, ("comparisons", k, "paired_hi")), "]")),
               Cell((figure(root, heldout, ("comparisons", k, "verdict")),))] for k in h["comparisons"]]
     tables.append(DocTable(f"props-{ids}heldout-comparisons", "Paired by test function: rliable's probability of "
-                           "improvement and the mean score difference with a hierarchical bootstrap over functions "
-                           "and runs (verdict: higher or lower only where the interval excludes 0).", [heldout],
+                           "improvement and the mean score difference with functions and runs bootstrapped as "
+                           "crossed factors (verdict: higher or lower only where the interval excludes 0).", [heldout],
                            ["comparison", "P(improvement) [95 % CI]", "paired difference [95 % CI]", "verdict"],
                            comps))
     return tables
