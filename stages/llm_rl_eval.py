@@ -4,11 +4,12 @@ Every model answers the same first ``llm_rl.eval.n_problems`` test problems; gre
 apart. A variant is every model llm_rl_train wrote for it, one per training seed of llm_rl.train.seeds. Every
 response, its parsed answer and correctness go to metrics/llm_rl/responses/<model>_<mode>.jsonl (a variant's model:
 <variant>_seed-<seed>; a plain out). The headline per model, metrics/llm_rl/eval/<model>.json, holds per mode the
-accuracy as ``success`` with its 95% interval over training seeds (``llmrl.eval.llm_rl.accuracy_entry``; the base
-model, one model: over problems), the parse-failure and truncation rates and mean tokens per answer. Beside the
-responses, metrics/llm_rl/responses/<model>.json holds the whole entry:
-each seed's accuracy, the parse-failure and truncation rates and mean tokens per answer, for a variant ``vs_base``
-("higher" or "lower" than the base model only where the intervals do not overlap, else "overlapping"), the token
+accuracy as ``success`` with its 95% interval (seeds and problems as crossed factors; the base model, one run: over
+problems), the parse-failure and truncation rates, mean tokens per answer, and for a variant its paired gain over
+the base model on the same problems (``gain``, ``gain_lo``, ``gain_hi``; ``llmrl.eval.llm_rl``). Beside the
+responses, metrics/llm_rl/responses/<model>.json holds the whole entry: each seed's accuracy, what the interval is
+over, for a variant ``vs_base`` (the paired verdict and gain as one line) and ``gain_over_base`` (the whole paired
+comparison), accuracy on problems with unseen and seen arithmetic (generated data: ``by_arithmetic``), the token
 cap, the compute dtype and the environment line.
 """
 
@@ -21,7 +22,8 @@ from llmrl.agents.math_solver import load_policy, solve
 from llmrl.config.llm_rl import MathEvalParams, ReinforceTrainParams
 from llmrl.envs.word_problems.datasets import read_jsonl
 from llmrl.eval.headline import headline_part, metrics_entry
-from llmrl.eval.llm_rl import accuracy_entry, against_base
+from llmrl.envs.word_problems.generator import seen_arithmetic
+from llmrl.eval.llm_rl import accuracy_by_arithmetic, accuracy_entry, against_base
 from llmrl.files import atomic_path, write_json
 from llmrl.fingerprint import fingerprint_line
 from llmrl.llm.generate import SamplingConfig
@@ -41,7 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     seed_everything(p.seed)
     torch.set_num_threads(p.threads)
     test = read_jsonl(paths.llm_rl_data().data / "test.jsonl")[: p.n_problems]
-    shots = read_jsonl(paths.llm_rl_data().data / "train.jsonl")[: common.few_shot]
+    train_problems = read_jsonl(paths.llm_rl_data().data / "train.jsonl")
+    shots = train_problems[: common.few_shot]
+    # the generator's records name their calculations: which test problems' arithmetic training saw
+    seen = (seen_arithmetic(train_problems, test)
+            if all(r.get("source") == "generated" for r in train_problems + test) else None)
     base = model_spec(common.model)
     cap = p.max_new_tokens or common.answer_tokens  # the budget both variants trained with
     modes = {"greedy": SamplingConfig(max_new_tokens=cap, temperature=0.0, seed=p.seed),
@@ -54,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
             if folder is not None and not folder.is_dir():
                 raise SystemExit(f"llm_rl.eval.models: {name!r} seed {seed} has no trained policy at {folder}")
     entries: dict[str, dict] = {}
+    answered: dict[str, dict[str, list[list[dict]]]] = {}  # model -> mode -> one list of records per seed
     out = paths.llm_rl_eval()
     with open_live(out.live) as live, atomic_path(out.responses, is_dir=True) as resp_dir, \
             atomic_path(out.eval, is_dir=True) as eval_dir:
@@ -74,27 +81,38 @@ def main(argv: list[str] | None = None) -> None:
                 dtype = llm.dtype_name
                 del llm
             entry = {mode: accuracy_entry(per_seed) for mode, per_seed in records.items()}
+            if seen is not None:
+                for mode, per_seed in records.items():
+                    entry[mode]["by_arithmetic"] = accuracy_by_arithmetic(per_seed, seen)
+            answered[name] = records
             entries[name] = {"modes": entry, "extra": {"max_new_tokens": cap, "dtype": dtype}}
             for mode, h in entry.items():
-                log.info("%s %s: %.3f [%.3f, %.3f] over %d seeds x %d problems, %.1f%% truncated", name, mode,
-                         h["success"], h["success_lo"], h["success_hi"], h["seeds"], len(test), 100 * h["truncated"])
+                log.info("%s %s: %.3f [%.3f, %.3f] (%s) over %d seeds x %d problems, %.1f%% truncated", name, mode,
+                         h["success"], h["success_lo"], h["success_hi"], h["interval"], h["seeds"], len(test),
+                         100 * h["truncated"])
                 if h["truncated"] > p.max_truncated:
                     log.warning("llm_rl.eval.max_new_tokens: the cap of %d tokens cuts %.0f%% of %s's %s answers "
                                 "(> max_truncated %.0f%%); raise it for a fair comparison", cap,
                                 100 * h["truncated"], name, mode, 100 * p.max_truncated)
         rows = []
         for name, e in entries.items():
+            gains = {}
             for mode, h in e["modes"].items():
                 if name != "base" and "base" in entries:
-                    h["vs_base"] = against_base(h, entries["base"]["modes"][mode])
-                    log.info("%s %s against the base model: %s", name, mode, h["vs_base"])
+                    g = against_base(answered[name][mode], answered["base"][mode])
+                    h["gain_over_base"] = g
+                    h["vs_base"] = f"{g['verdict']}: {g['difference']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]"
+                    gains[mode] = {"gain": g["difference"], "gain_lo": g["ci_low"], "gain_hi": g["ci_high"]}
+                    log.info("%s %s against the base model, paired on the same problems: %s", name, mode,
+                             h["vs_base"])
                 rows.append({"model": f"{name} ({mode})", "accuracy": h["success"], "ci_low": h["success_lo"],
                              "ci_high": h["success_hi"]})
-            write_json(eval_dir / f"{name}.json", metrics_entry({m: {**headline_part(h), **{k: h[k] for k in ANSWER_KEYS}}
-                                                               for m, h in e["modes"].items()}))
+            write_json(eval_dir / f"{name}.json", metrics_entry(
+                {m: {**headline_part(h), **{k: h[k] for k in ANSWER_KEYS}, **gains.get(m, {})}
+                 for m, h in e["modes"].items()}))
             write_json(resp_dir / f"{name}.json", {**e["modes"], **e["extra"], "env": fingerprint_line()})
         live.log_plot("accuracy_by_model", rows, x="accuracy", y="model", template="bar_horizontal",
-                      title="Math test accuracy over training seeds (95% intervals in metrics/llm_rl/eval/)")
+                      title="Math test accuracy (95% intervals over seeds and problems in metrics/llm_rl/eval/)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""LLM_RL's evaluation over training seeds: each variant's accuracy with an interval over its seeds beside each seed's
-value, the base model with its own interval, and a claim against the base model only where the intervals separate
+"""LLM_RL's evaluation over training seeds: each variant's accuracy with an interval over its seeds and the problems
+(crossed: every seed answers the same problems) beside each seed's value, the base model with an interval over
+problems, and a claim against the base model only where the paired difference on the same problems excludes 0
 (``llmrl.eval.llm_rl``); the stage scores every (variant, seed) model on the same problems (stages/llm_rl_eval.py)."""
 
 from __future__ import annotations
@@ -7,35 +8,46 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from llmrl.eval.llm_rl import accuracy_entry, against_base
+from llmrl.eval.llm_rl import accuracy_by_arithmetic, accuracy_entry, against_base
 from llmrl.files import read_json
 
 from .faults_support import repo_params, run_stage, stage_repo
 
 
-def _records(accuracy: float, n: int = 60, *, ids: str = "p") -> list[dict]:
-    """``solve``'s records for ``n`` problems, the first ``accuracy`` share answered correctly."""
-    right = round(accuracy * n)
-    return [{"id": f"{ids}{i}", "correct": i < right, "parsed_answer": None if i == n - 1 else "1",
+def _records(accuracy: float, n: int = 60, *, ids: str = "p", offset: int = 0) -> list[dict]:
+    """``solve``'s records for ``n`` problems, ``accuracy`` of them answered correctly: problems ``offset``,
+    ``offset`` + 1, ... (cyclically)."""
+    right = {(offset + i) % n for i in range(round(accuracy * n))}
+    return [{"id": f"{ids}{i}", "correct": i in right, "parsed_answer": None if i == n - 1 else "1",
              "finish_reason": "length" if i == n - 1 else "answer", "n_tokens": 10 + i % 2} for i in range(n)]
 
 
-def test_accuracy_over_seeds_is_the_mean_of_each_seeds_accuracy_with_a_seed_level_interval():
+def test_accuracy_over_seeds_is_the_mean_of_each_seeds_accuracy_with_an_interval_over_seeds_and_problems():
     entry = accuracy_entry([_records(0.5), _records(0.6), _records(0.7)])
     assert entry["per_seed"] == [0.5, 0.6, 0.7] and entry["success"] == 0.6
     assert (entry["seeds"], entry["episodes"]) == (3, 180)
+    assert entry["interval"] == "seeds x problems, crossed bootstrap"
     assert entry["success_lo"] < 0.6 < entry["success_hi"]
     assert entry["parse_failure"] == entry["truncated"] == round(3 / 180, 4) and entry["tokens"] == 10.5
-    # the same pooled answers from seeds that disagree: a wider interval (the seed is the unit, not the answer)
+    # the same pooled answers from seeds that disagree: a wider interval (the seed is a unit, not the answer)
     spread = accuracy_entry([_records(0.3), _records(0.6), _records(0.9)])
     assert spread["success"] == 0.6
     assert spread["success_hi"] - spread["success_lo"] > 2 * (entry["success_hi"] - entry["success_lo"])
-    # the base model: one model, an interval over the problems alone
+    # the base model: one model, an interval over the problems alone, and it says so
     base = accuracy_entry([_records(0.3)])
     assert base["seeds"] == 1 and base["per_seed"] == [0.3] and base["success_lo"] < 0.3 < base["success_hi"]
+    assert base["interval"] == "one run, interval over problems"
+    # none right: the interval still allows a rate above 0 (the pooled answers' Wilson bound)
+    assert accuracy_entry([_records(0.0)])["success_hi"] > 0.03
+
+
+def test_problems_shared_by_seeds_widen_the_interval_over_pooling_the_answers():
+    """Three seeds that answer the same 60 problems alike: 180 answers, but only 60 problems' worth of evidence. The
+    interval must be as wide as one seed's over its problems, not sqrt(3) narrower."""
+    three = accuracy_entry([_records(0.5)] * 3)
+    one = accuracy_entry([_records(0.5)])
+    assert three["success_hi"] - three["success_lo"] >= 0.95 * (one["success_hi"] - one["success_lo"])
 
 
 def test_accuracy_entry_needs_every_seed_on_the_same_problems():
@@ -47,24 +59,30 @@ def test_accuracy_entry_needs_every_seed_on_the_same_problems():
         accuracy_entry([])
 
 
-def test_a_variant_beats_the_base_model_only_where_the_intervals_separate():
-    base = accuracy_entry([_records(0.3)])
-    # seeds that agree at twice the base model's accuracy: separated
-    assert against_base(accuracy_entry([_records(0.6)] * 3), base) == "higher"
-    # the same mean from seeds that disagree: pooled as 180 answers it would look separated, over seeds it is not
-    assert against_base(accuracy_entry([_records(0.9), _records(0.1), _records(0.8)]), base) == "overlapping"
-    assert against_base(accuracy_entry([_records(0.05)] * 3), base) == "lower"
+def test_a_variant_beats_the_base_model_only_where_the_paired_difference_excludes_zero():
+    base = [_records(0.3)]
+    # seeds that agree at twice the base model's accuracy, right on what the base model got right and more
+    up = against_base([_records(0.6)] * 3, base)
+    assert up["verdict"] == "higher" and up["difference"] == pytest.approx(0.3) and up["runs"] == [3, 1]
+    assert up["items_lower"] == 0 and up["items"] == 60
+    # the same mean gain from seeds that disagree: three draws, not 180 answers
+    assert against_base([_records(0.9), _records(0.1), _records(0.8)], base)["verdict"] == "no difference"
+    assert against_base([_records(0.05)] * 3, base)["verdict"] == "lower"
+    # the same accuracy on other problems is no gain, whatever it does per problem
+    shifted = against_base([_records(0.3, offset=30)] * 3, base)
+    assert shifted["difference"] == 0 and shifted["verdict"] == "no difference"
+    with pytest.raises(ValueError, match="answered other problems"):
+        against_base([_records(0.5, ids="q")], base)
 
 
-interval = st.tuples(st.floats(0, 1), st.floats(0, 1)).map(sorted)
-
-
-@given(interval, interval)
-def test_against_base_never_claims_a_difference_inside_overlapping_intervals(variant, base):
-    verdict = against_base({"success_lo": variant[0], "success_hi": variant[1]},
-                           {"success_lo": base[0], "success_hi": base[1]})
-    overlap = variant[0] <= base[1] and base[0] <= variant[1]
-    assert verdict == ("overlapping" if overlap else "higher" if variant[0] > base[1] else "lower")
+def test_accuracy_by_arithmetic_splits_unseen_partly_seen_and_seen_problems():
+    seeds = [_records(0.5, n=4), _records(0.25, n=4)]  # seed 0 right on problems 0, 1; seed 1 on problem 0
+    out = accuracy_by_arithmetic(seeds, [0.0, 0.0, 0.5, 1.0])
+    assert out == {"unseen": {"problems": 2, "accuracy": 0.75}, "partly_seen": {"problems": 1, "accuracy": 0.0},
+                   "seen": {"problems": 1, "accuracy": 0.0}}
+    assert set(accuracy_by_arithmetic(seeds, [0.0] * 4)) == {"unseen"}  # only the groups that hold a problem
+    with pytest.raises(ValueError, match="3 seen shares for 4 problems"):
+        accuracy_by_arithmetic(seeds, [0.0] * 3)
 
 
 # ---- the stage, on the tiny model --------------------------------------------------------------------------------
@@ -73,7 +91,8 @@ def _math_data(root) -> None:
     folder.mkdir(parents=True)
     for split, first in (("train", 0), ("test", 50)):
         rows = [{"id": f"{split}{i}", "problem": f"Tom has {i} apples and gets 2 more. How many apples?",
-                 "solution": f"{i} + 2 = {i + 2}\nThe answer is: {i + 2}", "answer": str(i + 2)}
+                 "solution": f"{i} + 2 = {i + 2}\nThe answer is: {i + 2}", "answer": str(i + 2),
+                 "source": "generated", "key": f"add|{i}|2"}
                 for i in range(first, first + 6)]
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -126,7 +145,13 @@ def test_eval_stage_scores_every_seed_of_every_variant_against_the_base_model(ev
         for variant in ("reinforce_kl", "grpo"):
             entry = read_json(metrics / "responses" / f"{variant}.json")[mode]
             assert (entry["seeds"], entry["episodes"], len(entry["per_seed"])) == (2, 8, 2)
-            assert entry["vs_base"] == against_base(entry, base[mode])
+            assert entry["by_arithmetic"] == {"unseen": {"problems": 4, "accuracy": entry["success"]}}
+            gain = entry["gain_over_base"]
+            assert gain["runs"] == [2, 1] and gain["items"] == 4 and entry["vs_base"].startswith(gain["verdict"])
+            assert gain["difference"] == pytest.approx(entry["success"] - base[mode]["success"], abs=1e-4)
+            headline = read_json(metrics / "eval" / f"{variant}.json")[mode]
+            assert (headline["gain"], headline["gain_lo"], headline["gain_hi"]) == (
+                gain["difference"], gain["ci_low"], gain["ci_high"])
             for seed in (0, 1):  # every seed's answers, on the same problems as the base model's
                 answers = [json.loads(line) for line in
                            (metrics / "responses" / f"{variant}_seed-{seed}_{mode}.jsonl").read_text().splitlines()]

@@ -25,7 +25,7 @@ from llmrl.envs.word_problems.datasets import (
 from llmrl.envs.word_problems.answers import answers_match, extract_answer, is_correct
 from llmrl.envs.word_problems.calculator import CalculatorError, apply_calculator, safe_eval
 from llmrl.envs.word_problems.env import MathEnv
-from llmrl.envs.word_problems.generator import generate_problems, generated_splits
+from llmrl.envs.word_problems.generator import generate_problems, generated_splits, operations, seen_arithmetic
 
 # (predicted text, gold answer, should match)
 ANSWER_TABLE = [
@@ -191,13 +191,30 @@ def test_discounted_returns():
 def test_generated_splits_are_disjoint_and_seeded():
     train, test = generated_splits(300, 50, seed=3)
     assert len(train) == 300 and len(test) == 50
-    assert not {r["key"] for r in train} & {r["key"] for r in test}  # not even the same arithmetic
+    assert not {r["key"] for r in train} & {r["key"] for r in test}
+    assert seen_arithmetic(train, test) == [0.0] * 50  # not one calculation of a test problem is made in training
+    assert sum(r["key"].count("|") == 3 for r in test) == round(50 * 0.3)  # two-step share
     check_disjoint(train, test)
     assert (train, test) == generated_splits(300, 50, seed=3)
     assert generated_splits(300, 50, seed=4)[1] != test
     for r in train[:50] + test:
         assert is_correct(r["solution"], r["answer"])  # every generated solution checks out
         assert all(apply_calculator(line)[0] == line for line in r["solution"].split("\n"))
+
+
+def test_operations_are_the_solutions_calculations_up_to_operand_order():
+    assert operations("mul|3|4") == operations("price|4|3") == {("*", 3, 4)}  # one calculation, two templates
+    assert operations("add|5|2") == {("+", 2, 5)} and operations("sub|5|2") == {("-", 5, 2)}
+    assert operations("div|3|4") == {("/", 12, 3)}  # 12 shared among 3
+    assert operations("mul_add|3|4|5") == {("*", 3, 4), ("+", 5, 12)}
+    assert operations(("add_sub", 2, 3, 4)) == {("+", 2, 3), ("-", 5, 4)}
+    with pytest.raises(ValueError, match="unknown problem family 'pow'"):
+        operations("pow|2|3")
+    # a split of one shuffled pool by unique key (what keys alone ensure) shares calculations: the check sees it
+    pool = generate_problems(700, seed=0, two_step_fraction=0.2)
+    records = [{"key": "|".join(map(str, q.key))} for q in pool]
+    shared = seen_arithmetic(records[100:], records[:100])
+    assert sum(x == 1.0 for x in shared) > 10
 
 
 def test_gsm_symbolic_splits_hold_out_whole_templates():

@@ -243,8 +243,9 @@ def llm_rl_section(root: Path) -> Section:
         agents.append((name, {k: {**v, "per_seed": " / ".join(str(x) for x in v["per_seed"])}
                               if k in MODES and "per_seed" in v else v for k, v in entry.items()}))
     s.tables.append(headline_table(
-        "llm_rl-eval", "Test problems: success = correct final answer, the interval over training seeds (the base "
-        "model: over problems); vs base: higher / lower only where the intervals do not overlap", f"{rel}/", agents,
+        "llm_rl-eval", "Test problems: success = correct final answer, the interval over training seeds and problems "
+        "(crossed; the base model, one run: over problems); vs base: the paired gain on the same problems with its "
+        "interval, higher / lower only where it excludes 0", f"{rel}/", agents,
         extra=[("per seed", "per_seed"), ("vs base", "vs_base"), ("answer tokens", "tokens"),
                ("truncated", "truncated"), ("parse failure", "parse_failure")]))
     # "base" is the untrained model llm_rl_eval scores for reference; every other model has one training curve

@@ -348,18 +348,20 @@ def glam_tables(root: Path) -> list[DocTable]:
 
 def llm_rl_study_tables(root: Path) -> list[DocTable]:
     """The study's LLM_RL evaluation (3 training seeds, every test problem): each model's accuracy with its interval
-    over training seeds, and each variant's reading against the base model (``vs_base`` of its per-model entry)."""
+    over training seeds and problems, and each variant's paired gain over the base model (``vs_base`` of its per-model
+    entry)."""
     table = headline_folder_table(
         root, "llm_rl-study-eval", "Study: test problems (success = the correct final answer), each variant over its "
-        "training seeds (the interval is over seeds), the base model once.", "study/metrics/llm_rl/eval",
+        "training seeds (the interval is over seeds and problems, crossed), the base model once (over problems).", "study/metrics/llm_rl/eval",
         extras=(("answer tokens", "tokens"), ("cut by the cap", "truncated"), ("parse failure", "parse_failure")),
         order=("base", "reinforce_kl", "grpo"))
     responses = "study/metrics/llm_rl/responses"
     rows = [[label(f"`{path.stem}`"), label(mode), Cell((figure(root, f"{responses}/{path.name}", (mode, "vs_base")),))]
             for path in sorted(_files(root, responses)) for mode in MODES
             if path.stem != "base" and "vs_base" in _load(root, f"{responses}/{path.name}").get(mode, {})]
-    against = DocTable("llm_rl-study-vs-base", "Study: each variant's seed-level interval against the base model's "
-                       "(`higher`/`lower` only where the intervals do not overlap, else `overlapping`).",
+    against = DocTable("llm_rl-study-vs-base", "Study: each variant's gain over the base model, paired on the same "
+                       "problems, with an interval over seeds and problems (`higher`/`lower` only where it excludes "
+                       "0, else `no difference`).",
                        [f"{responses}/*.json"], ["variant", "mode", "against the base model"], rows)
     return [table, against]
 

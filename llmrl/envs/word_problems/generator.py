@@ -4,21 +4,24 @@ Problems take one or two operations on small whole numbers, so a 135M-parameter 
 and reinforcement learning has a signal. Solutions follow GSM8K's style: one step per line, arithmetic
 annotated ``<<expr=result>>``, and a closing "The answer is: X".
 
-Train and test are disjoint by construction: every problem has a key (template and numbers, names ignored),
-keys are unique across the whole generated pool, so no arithmetic of a test problem is seen in training, and
-the pool is split after a seeded shuffle. The share of two-operation problems is exact, not sampled.
+Train and test share no arithmetic. Every problem's operations are the calculations of its solution, one
+``(operator, left, right)`` per line, with the operands of + and * sorted (3 + 5 and 5 + 3 are one calculation;
+mul and price problems share the calculations of *). Test problems are drawn first; a training problem is drawn only
+where none of its calculations is a test problem's, so every calculation of every test problem is unseen in
+training (``operations``, ``seen_arithmetic``; tests/test_word_problems.py). Keys (template and numbers, names
+ignored) are unique across both splits. The share of two-operation problems is exact in each split, not sampled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from llmrl.envs.word_problems.answers import ANSWER_PHRASE
 
-__all__ = ["Problem", "generate_problems", "generated_splits"]
+__all__ = ["Problem", "generate_problems", "generated_splits", "operations", "seen_arithmetic"]
 
 NAMES = [("Tom", "He", "he"), ("Anna", "She", "she"), ("Ben", "He", "he"), ("Lily", "She", "she"),
          ("Sam", "He", "he"), ("Mia", "She", "she"), ("Leo", "He", "he"), ("Zoe", "She", "she"),
@@ -125,16 +128,37 @@ ONE_STEP: list[Callable] = [_add, _sub, _mul, _div, _price]
 TWO_STEP: list[Callable] = [_add_sub, _mul_add, _add_add]
 
 
-def generate_problems(n: int, seed: int, two_step_fraction: float = 0.3, max_number: int = 20) -> list[Problem]:
-    """``n`` problems with unique keys from a seeded stream (the same arguments give the same list)."""
-    if n <= 0:
-        raise ValueError(f"generate_problems: n must be > 0, got {n}")
-    if not 0 <= two_step_fraction <= 1:
-        raise ValueError(f"generate_problems: two_step_fraction must be in [0, 1], got {two_step_fraction}")
-    if max_number < 3:
-        raise ValueError(f"generate_problems: max_number must be >= 3, got {max_number}")
-    rng = np.random.default_rng(seed)
-    seen: set[tuple] = set()
+def operations(key: Sequence) -> frozenset[tuple[str, int, int]]:
+    """The calculations a problem's solution makes, from its key (a ``Problem.key`` or a record's ``key`` string
+    "family|a|b[|c]"): ``(operator, left, right)``, the operands of + and * in ascending order."""
+    family, *nums = key.split("|") if isinstance(key, str) else key
+    a, b, *rest = (int(x) for x in nums)
+
+    def op(sym: str, x: int, y: int) -> tuple[str, int, int]:
+        return (sym, *sorted((x, y))) if sym in "+*" else (sym, x, y)
+
+    calcs = {"add": [op("+", a, b)], "sub": [op("-", a, b)], "mul": [op("*", a, b)], "price": [op("*", a, b)],
+             "div": [op("/", a * b, a)],
+             "add_sub": lambda c: [op("+", a, b), op("-", a + b, c)],
+             "mul_add": lambda c: [op("*", a, b), op("+", a * b, c)],
+             "add_add": lambda c: [op("+", a, b), op("+", a + b, c)]}
+    if family not in calcs:
+        raise ValueError(f"operations: unknown problem family {family!r} in key {key!r}")
+    out = calcs[family]
+    return frozenset(out(*rest) if callable(out) else out)
+
+
+def seen_arithmetic(train: Sequence[dict], test: Sequence[dict]) -> list[float]:
+    """Per test record (in order), the share of its calculations that some training record makes (records with a
+    generator ``key``)."""
+    seen = set().union(*(operations(r["key"]) for r in train))
+    return [len(ops & seen) / len(ops) for ops in (operations(r["key"]) for r in test)]
+
+
+def _draw(rng: np.random.Generator, n: int, two_step_fraction: float, max_number: int, seen: set[tuple],
+          allowed: Callable[[tuple], bool] = lambda key: True) -> list[Problem]:
+    """``n`` problems with keys not in ``seen`` (added to it) that ``allowed`` accepts, ``round(n *
+    two_step_fraction)`` of them with two operations, in a seeded random order."""
     out: list[Problem] = []
     n_two = round(n * two_step_fraction)
     for family, count in ((ONE_STEP, n - n_two), (TWO_STEP, n_two)):
@@ -145,7 +169,7 @@ def generate_problems(n: int, seed: int, two_step_fraction: float = 0.3, max_num
                 raise ValueError(f"generate_problems: cannot find {n} distinct problems with max_number={max_number}"
                                  f" and two_step_fraction={two_step_fraction}; raise max_number or lower n")
             key, text, lines, answer = family[rng.integers(len(family))](rng, max_number)
-            if key in seen:
+            if key in seen or not allowed(key):
                 continue
             seen.add(key)
             out.append(Problem(key=key, problem=text, solution_lines=lines, answer=answer))
@@ -153,14 +177,35 @@ def generate_problems(n: int, seed: int, two_step_fraction: float = 0.3, max_num
     return [out[i] for i in rng.permutation(len(out))]
 
 
+def _check_args(n: int, two_step_fraction: float, max_number: int) -> None:
+    if n <= 0:
+        raise ValueError(f"generate_problems: n must be > 0, got {n}")
+    if not 0 <= two_step_fraction <= 1:
+        raise ValueError(f"generate_problems: two_step_fraction must be in [0, 1], got {two_step_fraction}")
+    if max_number < 3:
+        raise ValueError(f"generate_problems: max_number must be >= 3, got {max_number}")
+
+
+def generate_problems(n: int, seed: int, two_step_fraction: float = 0.3, max_number: int = 20) -> list[Problem]:
+    """``n`` problems with unique keys from a seeded stream (the same arguments give the same list)."""
+    _check_args(n, two_step_fraction, max_number)
+    return _draw(np.random.default_rng(seed), n, two_step_fraction, max_number, set())
+
+
 def generated_splits(n_train: int, n_test: int, seed: int, two_step_fraction: float = 0.3,
                      max_number: int = 20) -> tuple[list[dict], list[dict]]:
-    """Disjoint train and test lists of records ``{id, problem, solution, answer, source}``."""
-    pool = generate_problems(n_train + n_test, seed, two_step_fraction, max_number)
-    order = np.random.default_rng(seed + 1).permutation(len(pool))
-    records = [
-        {"id": f"gen-{seed}-{int(i)}", "problem": pool[i].problem, "solution": pool[i].solution,
-         "answer": str(pool[i].answer), "source": "generated", "key": "|".join(map(str, pool[i].key))}
-        for i in order
-    ]
-    return records[n_test:], records[:n_test]
+    """Train and test lists of records ``{id, problem, solution, answer, source, key}`` that share no calculation:
+    the test problems are drawn first, then training problems none of whose calculations a test problem makes."""
+    _check_args(n_train, two_step_fraction, max_number)
+    _check_args(n_test, two_step_fraction, max_number)
+    rng = np.random.default_rng(seed)
+    seen: set[tuple] = set()
+    test = _draw(rng, n_test, two_step_fraction, max_number, seen)
+    held_out = set().union(*(operations(p.key) for p in test))
+    train = _draw(rng, n_train, two_step_fraction, max_number, seen, lambda key: not operations(key) & held_out)
+
+    def record(p: Problem, split: str, i: int) -> dict:
+        return {"id": f"gen-{seed}-{split}-{i}", "problem": p.problem, "solution": p.solution,
+                "answer": str(p.answer), "source": "generated", "key": "|".join(map(str, p.key))}
+
+    return [record(p, "train", i) for i, p in enumerate(train)], [record(p, "test", i) for i, p in enumerate(test)]
