@@ -14,8 +14,10 @@ of the i-th training seed once (stream i), each baseline ``reps`` times (random 
 Writes data/props/heldout/ (runs.json: every run's rows, best point and score; records.jsonl: every prompt, reply
 and parse result), replies cached by content under data/props/replies/heldout/<optimizer>, metrics/props/heldout.json
 (per method the IQM with its interval and the reply shares; per comparison rliable's probability of improvement and
-the paired difference, functions and runs bootstrapped as crossed factors; the budget) and plots/props/heldout.json (the same in full, the hill
-step tuning table, per-function scores and quoted replies before and after tuning).
+the paired difference, functions and runs bootstrapped as crossed factors; the budget; the tuning gate,
+``llmrl.eval.props_heldout.tuning_gate``: whether the fine-tune changed the optimizer on validation functions) and
+plots/props/heldout.json (the same in full with the gate per seed, the hill step tuning table, per-function scores
+and quoted replies before and after tuning).
 """
 
 import gc
@@ -30,7 +32,7 @@ from llmrl.algos.props_search import build_optimizer_llm, props_search
 from llmrl.config.props import PropsGRPOParams, PropsHeldoutParams, PropsLLMParams, PropsSearchParams, \
     PropsSpaceParams
 from llmrl.envs.functions import FunctionTask, gap_closed
-from llmrl.eval.props_heldout import heldout_table
+from llmrl.eval.props_heldout import heldout_table, tuning_gate
 from llmrl.files import atomic_path, read_json, write_json
 from llmrl.fingerprint import fingerprint_line
 from llmrl.llm.faults import FaultGuard
@@ -150,8 +152,11 @@ def main(argv: list[str] | None = None) -> None:
                    "tuned_runs_per_function": len(adapters), "baseline_runs_per_function": h.reps,
                    "training_seeds": list(g.seeds)}
     # which checkpoint each adapter is (step 0 would be the base model's weights: the tuned row is then the base's)
-    selected = [{"seed": s, "step": read_json(paths.props_grpo(s).metrics)["selected_step"]} for s in g.seeds]
+    summaries = [{"seed": s, **read_json(paths.props_grpo(s).metrics)} for s in g.seeds]
+    selected = [{"seed": s["seed"], "step": s["selected_step"]} for s in summaries]
+    gate = tuning_gate(summaries)  # read beside the held-out comparison: did tuning change the optimizer at all
     concise = {"budget": budget_note, "hill_step": hill_step, "selected_steps": selected,
+               "gate": {k: v for k, v in gate.items() if k != "per_seed"},
                "methods": {m: {"iqm": e["iqm"]["value"], "iqm_lo": e["iqm"]["ci_low"], "iqm_hi": e["iqm"]["ci_high"],
                                "mean": e["mean"], "runs": e["runs"], "items": e["items"], **e.get("replies", {})}
                            for m, e in table["methods"].items()},
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                                for k, v in table["comparisons"].items()},
                "seconds": seconds}
     write_json(OUT.metrics, concise)
-    write_json(OUT.report, {"env": fingerprint_line(), "budget": budget_note, "selected_steps": selected,
+    write_json(OUT.report, {"env": fingerprint_line(), "budget": budget_note, "selected_steps": selected, "gate": gate,
                             "hill_step_tuning": tuning,
                             "hill_step": hill_step, "table": table, "quoted_replies": quoted,
                             "per_function": [{k: r[k] for k in ("method", "rep", "dim", "function", "family", "score")}

@@ -28,7 +28,7 @@ from llmrl.config.grpo import GRPOTrainParams
 from llmrl.config.lora import LoraSettings
 from llmrl.config.props import (PropsFunctionDataParams, PropsHeldoutParams, PropsSearchParams, PropsSpaceParams)
 from llmrl.envs.functions import SPLITS, FunctionTask, draw_function, gap_closed, normalised_score
-from llmrl.eval.props_heldout import heldout_table, reply_shares
+from llmrl.eval.props_heldout import heldout_table, reply_shares, tuning_gate
 from llmrl.eval.paired import mean_bootstrap, paired_bootstrap
 from llmrl.llm.load import load_model
 
@@ -348,6 +348,30 @@ def test_a_seed_is_one_draw_for_every_item():
     assert single["runs"] == 1 and single["ci_high"] - single["ci_low"] < one["ci_high"] - one["ci_low"]
     with pytest.raises(ValueError, match="must be finite"):
         mean_bootstrap(np.array([[0.0, np.nan]]))
+
+
+def _summary(seed, base, last, selected, step, **train):
+    out = {"seed": seed, "validation_score_base": base, "validation_score_last": last,
+           "validation_score_selected": selected, "selected_step": step}
+    if train:
+        out["train_replies_first"] = {k: v[0] for k, v in train.items()}
+        out["train_replies_last"] = {k: v[1] for k, v in train.items()}
+    return out
+
+
+def test_the_tuning_gate_needs_every_seed_above_its_base_without_the_selections_bias():
+    rates = {"improve_rate": (0.1, 0.2), "duplicate_rate": (0.3, 0.05), "parse_failure_rate": (0.2, 0.1)}
+    good = tuning_gate([_summary(0, 0.1, 0.3, 0.35, 150, **rates), _summary(1, 0.1, 0.2, 0.2, 200, **rates)])
+    assert good["passed"] and good["last_above_base"] == 2 and good["validation_gain_last_mean"] == pytest.approx(0.15)
+    assert good["per_seed"][0]["train_duplicate_rate_first_last"] == [0.3, 0.05]
+    # the best of several validations beat the base, the last did not: the selection's maximum alone is no evidence
+    lucky = tuning_gate([_summary(0, 0.1, 0.3, 0.35, 150), _summary(1, 0.1, 0.05, 0.12, 50)])
+    assert not lucky["passed"] and lucky["selected_after_step_0"] == 2 and lucky["last_above_base"] == 1
+    assert not tuning_gate([_summary(0, 0.1, 0.3, 0.1, 0)])["passed"]  # selection kept the base weights
+    with pytest.raises(ValueError, match="seed 3 has no validation at step 0"):
+        tuning_gate([_summary(3, None, 0.3, 0.3, 50)])
+    with pytest.raises(ValueError, match="no training seeds"):
+        tuning_gate([])
 
 
 def _run_row(method, rep, function, score, llm=False):

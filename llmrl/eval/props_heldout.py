@@ -24,7 +24,7 @@ import numpy as np
 from llmrl.eval.rliable_stats import iqm, probability_of_improvement
 from llmrl.eval.paired import paired_bootstrap
 
-__all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary"]
+__all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary", "tuning_gate"]
 
 
 def reply_shares(rows: Sequence[dict]) -> dict:
@@ -124,3 +124,35 @@ def grpo_summary(rows: Sequence[dict], completions: Sequence[dict], validations:
             out["train_replies_first"] = _rates([c for c in completions if c["step"] in first])
             out["train_replies_last"] = _rates([c for c in completions if c["step"] in last])
     return out
+
+
+def tuning_gate(summaries: Sequence[dict]) -> dict:
+    """Did the fine-tune change the optimizer the way its rewards push, before any held-out claim is read? From
+    each training seed's ``grpo_summary``: the validation score (on validation functions, never the test's) at the
+    base weights (step 0), at the last step and at the selected step, and the training replies' rates over the
+    first and last tenth of the steps.
+
+    ``passed``: in every seed the last step's validation score is above the base's and the selection kept a step
+    after 0. The last step is one comparison with no selection behind it; the selected step's score is the best of
+    several noisy validations, biased upward, so it is reported but never decides the gate alone. The held-out test
+    is the unbiased reading; a null there with a failed gate means the fine-tune did not change the optimizer, with
+    a passed gate that what it learned on training functions does not carry to new ones.
+    """
+    if not summaries:
+        raise ValueError("tuning_gate: no training seeds")
+    per_seed = []
+    for s in summaries:
+        if s.get("validation_score_base") is None:
+            raise ValueError(f"tuning_gate: seed {s.get('seed')} has no validation at step 0 (the base weights)")
+        per_seed.append({"seed": s.get("seed"), "selected_step": s["selected_step"],
+                         "validation_base": s["validation_score_base"], "validation_last": s["validation_score_last"],
+                         "validation_selected": s["validation_score_selected"],
+                         "last_above_base": s["validation_score_last"] > s["validation_score_base"],
+                         **{f"train_{k}_first_last": [s["train_replies_first"][k], s["train_replies_last"][k]]
+                            for k in ("improve_rate", "duplicate_rate", "parse_failure_rate")
+                            if "train_replies_first" in s}})
+    gains = [x["validation_last"] - x["validation_base"] for x in per_seed]
+    return {"seeds": len(per_seed), "last_above_base": sum(x["last_above_base"] for x in per_seed),
+            "selected_after_step_0": sum(x["selected_step"] > 0 for x in per_seed),
+            "validation_gain_last_mean": round(float(np.mean(gains)), 4),
+            "passed": all(x["last_above_base"] and x["selected_step"] > 0 for x in per_seed), "per_seed": per_seed}
