@@ -102,8 +102,7 @@ OFFLINE_STEPS = 200
 ON_CPU = {"props": {"grpo": {"device": None, "dtype": "auto", "trainer": {"bf16": False}}},
           "llm_rl": {"train": {"common": {"device": None, "dtype": "auto"}}}}
 def compose_on_gpu(on_cpu: bool = False) -> dict:
-    from pipelines.tiers import compose
-    from tests.stage_runs import overrides  # nested keys as Hydra overrides, as the stage tests set theirs
+    from pipelines.tiers import compose, overrides
 
     base = [*(f"{m}=paper" for m in METHODS), *overrides(ON_GPU), *overrides(ON_CPU if on_cpu else {})]
     algos = compose(base)["kalm"]["offline"]["algos"]
@@ -132,7 +131,7 @@ def resolve_plan(params: dict) -> dict[str, list]:
     import yaml
     from dvc.repo import Repo
 
-    from tests.scratch import copy_workspace
+    from pipelines.workspace import copy_workspace
 
     with tempfile.TemporaryDirectory() as tmp:
         root = copy_workspace(Path(tmp) / "ws", skip=("data", "models", "metrics", "plots", "reports"))
@@ -195,10 +194,10 @@ def build_model_folder(shape: str) -> dict:
 
 def stage_metrics(name: str, argv: list[str]) -> dict:
     """The stage's small JSON outputs under metrics/ (its headline numbers), by path."""
-    from tests.stage_runs import declared_outputs
+    from pipelines.workspace import stage_outputs
 
     found = {}
-    for out in declared_outputs(ROOT, name, argv):
+    for out in stage_outputs(ROOT, name, argv):
         files = [out] if out.is_file() else sorted(out.rglob("*.json")) if out.is_dir() else []
         for f in files:
             rel = f.relative_to(ROOT)
@@ -334,7 +333,7 @@ def main() -> None:
     if args.step is None:  # `make bench` runs every script: this one is two steps, the second on a GPU machine
         print("bench/gpu_paper.py: skipped (run `prepare` here, then `run` on a GPU machine: docs/gpu.md)")
         return
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # the stages and the stage tests' helpers; bench/gpu.py
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # the stages and pipelines packages; bench/gpu.py
     {"prepare": prepare, "run": run, "run-method": run_method}[args.step](args)
 
 

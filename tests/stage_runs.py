@@ -1,4 +1,4 @@
-"""The pipeline's stages run for tests: in a scratch workspace (``tests/scratch.py``) with the tiny model and minimal
+"""The pipeline's stages run for tests: in a scratch workspace (``pipelines.workspace``) with the tiny model and minimal
 budgets, each method's stages one after the other in one process (its ``main(argv)``, as ``python -m
 stages.<name>`` calls it), the stage items DVC resolves from the scratch copy's dvc.yaml and params.yaml.
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from .scratch import copy_workspace
+from pipelines.tiers import overrides
+from pipelines.workspace import copy_workspace, stage_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ("data", "models", "metrics", "plots", "reports")  # where stages write (stages/paths.py)
@@ -96,19 +97,6 @@ TINY: dict[str, dict] = {
 }
 
 
-def overrides(mapping: dict, prefix: str = "") -> list[str]:
-    """``mapping`` as Hydra overrides (``++a.b=value``: set, or added where the profile lacks the key; a list
-    replaced whole)."""
-    out = []
-    for key, value in mapping.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out += overrides(value, f"{path}.")
-        else:
-            out.append(f"++{path}={json.dumps(value)}")
-    return out
-
-
 def compose_params(profiles: list[str] | tuple[str, ...] = (), extra: dict | None = None) -> dict:
     """The parameters ``conf/`` composes for ``profiles`` (``["kalm=paper"]``) with ``TINY`` and ``extra`` on top,
     and what depends on the profile: two updates for every offline RL algorithm it lists, and the demonstrations
@@ -168,14 +156,6 @@ def run_stages(root: Path, commands: list[tuple[str, list[str]]], timeout: float
     return out
 
 
-def declared_outputs(root: Path, stage: str, argv: list[str]) -> list[Path]:
-    """The outputs stages/paths.py names for the stage item (its command's arguments), under ``root``."""
-    from stages import paths
-
-    outputs = getattr(paths, stage.split("@")[0])(*argv[1:])
-    return [root / p.relative_to(paths.ROOT) for p in outputs.values()]
-
-
 def result_files(root: Path) -> set[Path]:
     return {p for top in RESULTS if (root / top).is_dir() for p in (root / top).rglob("*") if p.is_file()}
 
@@ -183,7 +163,7 @@ def result_files(root: Path) -> set[Path]:
 def check_outputs(root: Path, commands: list[tuple[str, list[str]]], before: set[Path]) -> None:
     """Each stage item wrote every output stages/paths.py names for it (dvc.yaml declares the same:
     tests/test_stage_paths.py), and no file outside them."""
-    declared = {name: declared_outputs(root, name, argv) for name, argv in commands}
+    declared = {name: stage_outputs(root, name, argv) for name, argv in commands}
     for name, outputs in declared.items():
         missing = [str(p.relative_to(root)) for p in outputs if not p.exists()]
         assert not missing, f"{name} did not write {missing}"

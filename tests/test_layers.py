@@ -73,3 +73,21 @@ def test_data_holds_formats_only():
     """Task content (problem generators, answer checks, environment episodes) lives with its environment."""
     names = {p.stem for p in (PKG / "data").glob("*.py")}
     assert names <= {"__init__", "trajectories", "embeddings"}, sorted(names)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """First components of every module this file imports (top-level and inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PKG.parent / "bench").glob("*.py")) + sorted(PKG.rglob("*.py")) +
+                         sorted((PKG.parent / "stages").glob("*.py")) + sorted((PKG.parent / "pipelines").glob("*.py")),
+                         ids=lambda p: str(p.relative_to(PKG.parent)))
+def test_nothing_outside_the_tests_imports_them(path):
+    assert "tests" not in top_level_imports(path), f"{path.relative_to(PKG.parent)} imports from tests/"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .scratch import copy_workspace
+from pipelines.workspace import copy_workspace
 
 # A module of each method that no other method's stages import (an environment or an update rule).
 EDITED = {

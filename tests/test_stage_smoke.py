@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from .stage_runs import (METHODS, SHARED, check_outputs, compose_params, declared_outputs, result_files, run_stages,
+from pipelines.workspace import stage_outputs
+
+from .stage_runs import (METHODS, SHARED, check_outputs, compose_params, result_files, run_stages,
                          scratch_workspace, stage_commands)
 
 # What a paper profile needs on this CPU: one thread, no CUDA device asked for, fp32 where it asks for bf16, and
@@ -111,7 +113,7 @@ def test_every_stage_writes_the_outputs_it_declares(pipeline_run, part):
     assert result.error is None, result.error
     assert result.commands, f"no stage of {part} in dvc.yaml"
     for name, argv in result.commands:
-        missing = [str(p.relative_to(pipeline_run.root)) for p in declared_outputs(pipeline_run.root, name, argv)
+        missing = [str(p.relative_to(pipeline_run.root)) for p in stage_outputs(pipeline_run.root, name, argv)
                    if not p.exists()]
         assert not missing, f"{name} did not write {missing}"
 

@@ -1,11 +1,14 @@
-"""A scratch copy of this workspace for tests that run DVC or the stages: the files git sees (tracked, and untracked
-but not ignored: edits and new files included), never the outputs, caches or DVC lock of the workspace itself."""
+"""A copy of this workspace for runs that must not touch it (tests, benchmarks): the files git sees (tracked, and
+untracked but not ignored: edits and new files included), never the outputs, caches or DVC lock of the workspace
+itself; and where a stage item's outputs lie (``stages/paths.py``)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 from pathlib import Path
+
+__all__ = ["workspace_files", "copy_workspace", "stage_outputs"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,3 +35,12 @@ def copy_workspace(dst: Path, root: Path = ROOT, *, commit: bool = False, skip: 
         subprocess.run([*git, "add", "-A"], cwd=dst, check=True)
         subprocess.run([*git, "commit", "-qm", "scratch"], cwd=dst, check=True)
     return dst
+
+
+def stage_outputs(root: Path, stage: str, argv: list[str]) -> list[Path]:
+    """The outputs stages/paths.py names for the stage item (its command's arguments after the module), under
+    ``root``."""
+    from stages import paths
+
+    outputs = getattr(paths, stage.split("@")[0])(*argv[1:])
+    return [root / p.relative_to(paths.ROOT) for p in outputs.values()]
