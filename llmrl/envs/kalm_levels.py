@@ -58,7 +58,7 @@ from llmrl.envs import metaworld_tasks as mw
 __all__ = ["BENCHMARKS", "LEVELS", "SPLITS", "UnknownLevelError", "ObservationSizeError", "Goal", "ActionSpec",
            "METAWORLD_TRAIN_TASKS", "METAWORLD_EASY_TASKS", "METAWORLD_PHRASINGS", "all_goals", "goals", "obs_dim",
            "obs_fields", "action_spec", "StartSplit", "START_SPLITS", "start_split", "check_seed_range",
-           "metaworld_variation", "per_goal", "goal_schedule", "EnvSettings", "make_goal_env", "GoalEnvPool", "check_obs",
+           "metaworld_variation", "per_goal", "goal_schedule", "one_per_task", "EnvSettings", "make_goal_env", "GoalEnvPool", "check_obs",
            "obs_success", "label_rewards"]
 
 BENCHMARKS = ("metaworld", "babyai")
@@ -356,6 +356,12 @@ def goal_schedule(n_goals: int, per_goal: int, first_seed: int) -> list[tuple[in
     """(goal index, episode seed) for ``per_goal`` episodes of each of ``n_goals`` goals: round k plays every goal
     once, episode j = k * n_goals + g has seed ``first_seed + j`` (every goal played equally, seeds distinct)."""
     return [(g, first_seed + k * n_goals + g) for k in range(per_goal) for g in range(n_goals)]
+
+
+def one_per_task(goals: Sequence[Goal]) -> list[Goal]:
+    """The first goal of each task, in order (one phrasing per task)."""
+    seen: set[str] = set()
+    return [g for g in goals if not (g.task in seen or seen.add(g.task))]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ replays each imagined action sequence open-loop in the real env from the same se
 success of the replay and the per-step error between imagined and simulated states against the step index, for all
 rollouts and for the consistent ones, beside the success of as many uniformly random actions from the same starts
 (the reference the replay must beat: ``imagines`` says whether the replay's interval clears the random one's).
+
+Gate 0, before any imagination (``gate_goals``, ``closed_loop``, ``gate0``): the grounded model acting as a policy
+in the real simulator on the *training* goals (one phrasing per task) from *validation* starts, beside random
+actions and BC trained on the same real data from the same starts. An imagined rollout is this policy's actions
+through this model's dynamics: if the policy does not beat random actions on real states, no imagined rollout can.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from llmrl.envs import kalm_levels as kl
 from llmrl.eval.stats import compare_intervals, wilson_interval
 
 __all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
-           "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality"]
+           "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality", "gate_goals", "closed_loop",
+           "success_summary", "gate0"]
 
 # act(obs [n, d], goal indices [n], episode indices [n]) -> actions [n, ...]
 BatchAct = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -209,6 +215,55 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
                     "replay_success_consistent": _rate([succ[i] for i in kept])}
     return summary, rows, curve
 
+
+
+def gate_goals(benchmark: str) -> list[kl.Goal]:
+    """Gate 0's goals: the first training phrasing of each training task (goals the model was grounded on)."""
+    return kl.one_per_task(kl.goals(benchmark, "train"))
+
+
+def closed_loop(rows: dict[str, BatchAct], goals: Sequence[kl.Goal], settings: kl.EnvSettings, episodes: int,
+                first_seed: int, what: str = "kalm.ground.gate_seed") -> dict[str, list[EpisodeOutcome]]:
+    """Each row's episodes in the real simulator on ``goals`` from *validation* starts: at least ``episodes``, every
+    goal equally (``run_level``; the same goals and starts for every row). ``ValueError`` naming ``what`` when the
+    seeds would leave the validation range."""
+    if episodes <= 0:
+        raise ValueError(f"closed_loop: episodes must be > 0, got {episodes}")
+    per = kl.per_goal(len(goals), episodes)
+    kl.check_seed_range("validation", first_seed, len(goals) * per, what)
+    with kl.GoalEnvPool(settings) as pool:
+        return {name: run_level(act, goals, pool, per, first_seed) for name, act in rows.items()}
+
+
+def success_summary(flags: Sequence[bool], confidence: float = 0.95) -> dict:
+    """Success rate, its Wilson interval and the episode count of pooled 0/1 outcomes."""
+    flags = [bool(f) for f in flags]
+    if not flags:
+        raise ValueError("success_summary: no episodes")
+    low, high = wilson_interval(sum(flags), len(flags), confidence)
+    return {"success": round(float(np.mean(flags)), 4), "ci_low": round(low, 4), "ci_high": round(high, 4),
+            "episodes": len(flags)}
+
+
+def gate0(grounded: Sequence[Sequence[bool]], random: Sequence[bool], confidence: float = 0.95) -> dict:
+    """Gate 0's verdict: does the grounded policy act clearly above random actions on real states?
+
+    ``grounded``: one list of episode successes per grounding seed; ``random``: random actions' successes from the
+    same goals and starts. Passes when the Wilson interval of the grounded episodes (pooled over seeds) lies wholly
+    above random's: the rule of gate 1 (``rollout_quality``'s ``imagines``) and of the page's claims
+    (``compare_intervals``), so both gates read alike. A paired test (McNemar, the starts are shared) would pass
+    smaller gaps; "clearly above" asks for separated intervals. Each seed's verdict by the same rule is recorded:
+    imagination from a seed that fails alone says nothing about KALM either."""
+    if not grounded or any(len(s) == 0 for s in grounded):
+        raise ValueError("gate0: grounded needs at least one seed with episodes")
+    if not random:
+        raise ValueError("gate0: random needs episodes")
+    rand = success_summary(random, confidence)
+    pooled = success_summary([f for s in grounded for f in s], confidence)
+    per_seed = [success_summary(s, confidence) for s in grounded]
+    return {"passed": compare_intervals(pooled, rand) == "higher", "grounded": pooled, "random": rand,
+            "per_seed": [{**s, "passed": compare_intervals(s, rand) == "higher"} for s in per_seed],
+            "rule": "grounded Wilson lower bound > random Wilson upper bound", "confidence": confidence}
 
 
 def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path]], table, levels: Sequence[str],
