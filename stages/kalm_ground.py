@@ -4,7 +4,8 @@ grounding seed, and gate 0 on each.
 Reads data/kalm/real/<benchmark>.h5 (KALM-A's kalm_data) to train on KALM's four patterns for ``kalm.ground.epochs``
 passes (llmrl.algos.kalm_grounding), and data/kalm/real/<benchmark>_validation.h5 (validation starts) for the
 held-out losses: action and observation losses on the episodes relabelled with training phrasings (the checkpoint
-selector), the token loss on their own unseen phrasings (reported apart). Gate 0 (``kalm.ground.gate_episodes``):
+selector), the token loss on their own unseen phrasings (reported apart), and the one-step state error on their
+transitions beside copying the last state. Gate 0 (``kalm.ground.gate_episodes``):
 each seed's model acts in the real simulator on the training goals from validation starts, beside random actions
 and BC trained on the same real data (llmrl.eval.kalm.closed_loop, gate0). Writes models/kalm/grounded/<benchmark>/
 (the first seed's model: LoRA adapter + projections + heads + spec, train.json), metrics/kalm/
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.offline_policy import OfflinePolicy
 from llmrl.algos.kalm_grounding import (autocast_dtype, build_samples, evaluate_losses, grounding_spec,
-                                        heldout_samples, train_grounding, update_steps)
+                                        heldout_samples, state_error, train_grounding, update_steps)
 from llmrl.algos.kalm_offline import bc_algo, build_dataset, make_learnable, train_offline
 from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
 from llmrl.data.embeddings import EmbeddingTable
@@ -96,6 +97,7 @@ def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, laun
                          {k: round(row[k], 4) for k in HEADLINE})
     train_seconds = time.perf_counter() - train_start
     after, unseen_after = evaluate_losses(model, selection, p), evaluate_losses(model, unseen, p)
+    error = state_error(model, val)
     metrics = {
         "seed": seed,
         "heldout_selection_loss_before": before["selection_loss"], "heldout_selection_loss_after":
@@ -106,6 +108,7 @@ def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, laun
         "train_loss_last10": round(float(np.mean([r["loss"] for r in rows[-10:]])), 5),
         "samples": n_samples, "updates": len(rows), "epochs": p.epochs,
         "selected_update": rows[-1].get("selected", len(rows)),
+        "state_error": error,  # one step on the held-out transitions, beside copying the last state
         "train_seconds": round(train_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
     }
     record = {"before": before, "after": after, "unseen_before": unseen_before, "unseen_after": unseen_after,

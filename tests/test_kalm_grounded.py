@@ -526,3 +526,92 @@ def test_length_batches_cover_every_sample_once_in_full_batches():
     assert min(len(b) for b in batches) >= 8  # a remainder joins its neighbour: N <= 8 processes share every batch
     # bucketed: the length spread inside a batch is far below the pool's
     assert np.mean([np.ptp(lengths[b]) for b in batches]) < 0.5 * np.ptp(lengths)
+
+
+def _metaworld_like_episodes(rng, n=3, T=6):
+    """39-d episodes with Meta-World's layout: [18:36] of s' is [0:18] of s, the goal [36:39] constant."""
+    eps = []
+    for _ in range(n):
+        frames = [np.concatenate([rng.normal(size=18), np.zeros(18), rng.normal(size=3)]).astype(np.float32)]
+        frames[0][18:36] = frames[0][:18]
+        for _t in range(T):
+            prev = frames[-1]
+            nxt = prev.copy()
+            nxt[:18] = prev[:18] + rng.normal(scale=0.01, size=18)
+            nxt[18:36] = prev[:18]
+            frames.append(nxt.astype(np.float32))
+        obs = np.stack(frames)
+        eps.append(Episode(observations={"obs": obs[:-1], "next_obs": obs[1:]},
+                           actions=rng.uniform(-1, 1, (T, 4)).astype(np.float32), rewards=np.zeros(T),
+                           terminated=np.zeros(T, bool), truncated=np.zeros(T, bool), mission="reach the goal"))
+    return eps
+
+
+def test_metaworld_copy_indices_match_the_simulator():
+    """A real Meta-World step: s'[18:36] == s[0:18] exactly and the goal stays (the dims the model copies)."""
+    goal = kl.goals("metaworld", "train")[8]  # push
+    env = kl.make_goal_env(goal, 0, kl.EnvSettings(max_steps=10))
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        nxt, *_ = env.step(rng.uniform(-1, 1, 4).astype(np.float32))
+        for to, frm in kl.obs_copies("metaworld"):
+            assert nxt[to] == obs[frm], (to, frm)
+        assert np.abs(nxt[:3] - obs[:3]).max() > 0  # the hand moved: the copies are not trivially constant
+        obs = nxt
+    assert kl.obs_copies("babyai") == []
+
+
+def test_metaworld_states_are_predicted_as_changes_with_deterministic_dims_copied():
+    rng = np.random.default_rng(4)
+    eps = _metaworld_like_episodes(rng)
+    spec = kg.grounding_spec("metaworld", eps, _params())
+    assert spec.obs_delta and sorted(map(tuple, spec.obs_copy)) == sorted(kl.obs_copies("metaworld"))
+    torch.manual_seed(0)
+    model = build_grounded(spec)
+    codec = model.codec
+    assert codec.out_features == 39 - 21 and model.io.obs_head.out_features == 18
+    cur = torch.from_numpy(np.concatenate([e.observations["obs"] for e in eps]))
+    nxt = torch.from_numpy(np.concatenate([e.observations["next_obs"] for e in eps]))
+    torch.testing.assert_close(codec.decode(codec.target_features(nxt, cur), cur), nxt, atol=1e-5, rtol=0)
+    garbage = codec.decode(torch.randn(len(cur), codec.out_features), cur)
+    assert torch.equal(garbage[:, 18:36], cur[:, :18]) and torch.equal(garbage[:, 36:], cur[:, 36:])
+    # a change of 0.01 is a target of 0.01 / scale, not a position far from the mean
+    assert codec.target_features(nxt, cur).abs().max() < 1.0
+    with pytest.raises(ValueError, match="current state"):
+        codec.decode(torch.zeros(1, codec.out_features))
+    # the loss reads each target's own last state: a zero head scores exactly the changes' squared size
+    dyn = kg.build_samples(model, eps, _params(trajectory_samples=0, goal_samples=0, reverse_samples=0,
+                                               dynamics_samples=6), rng)["dynamics"]
+    with torch.no_grad():
+        model.io.obs_head.weight.zero_()
+        model.io.obs_head.bias.zero_()
+    batch = collate(dyn, model.llm.tokenizer.pad_token_id)
+    s = torch.stack([torch.from_numpy(q.obs[q.kind.index(STATE)]) for q in dyn])
+    s_next = torch.stack([torch.from_numpy(q.obs[-1]) for q in dyn])
+    expected = ((s_next[:, codec.pred] - s[:, codec.pred]) / codec.scale[codec.pred]).pow(2).mean()
+    torch.testing.assert_close(model.losses(batch)["obs_loss"], expected, rtol=1e-5, atol=1e-7)
+    # a zero head predicts "nothing changes" and copies the previous frame right: it beats copying s
+    err = kg.state_error(model, eps)
+    assert err["metric"] == "mae" and err["transitions"] == 18
+    assert err["model"] < err["copy_last_state"] and err["beats_copy"]
+    # imagination: every imagined s_{t+1} carries s_t's frame in [18:36] and the goal of s_0
+    torch.manual_seed(1)
+    model = build_grounded(spec)
+    s0 = eps[0].observations["obs"][:1]
+    _, nexts, _ = model.imagine(["reach the goal"], s0, 4)
+    states = np.concatenate([s0[:, None], nexts], 1)[0]
+    np.testing.assert_array_equal(states[1:, 18:36], states[:-1, :18])
+    np.testing.assert_array_equal(states[1:, 36:], np.repeat(s0[:, 36:], 4, 0))
+    saved = model.predict_next(eps[0].observations["obs"], eps[0].actions)
+    np.testing.assert_array_equal(saved[:, 18:36], eps[0].observations["obs"][:, :18])
+
+
+def test_babyai_state_error_counts_fields_against_copying():
+    from llmrl.envs.kalm_episodes import expert_episodes
+
+    goal = kl.goals("babyai", "train")[0]
+    eps = list(expert_episodes("babyai", [goal], 2, seed=0, settings=kl.EnvSettings(max_steps=10)))
+    err = kg.state_error(_babyai_model(), eps)
+    assert err["metric"] == "field_error" and err["transitions"] == sum(len(e) for e in eps)
+    assert 0 <= err["model"] <= 1 and 0 < err["copy_last_state"] < 1  # a step changes some fields, not all

@@ -31,7 +31,7 @@ from llmrl.llm.load import dtype_name, resolve_dtype
 
 __all__ = ["grounding_spec", "build_samples", "validation_params", "training_phrasing_episodes", "heldout_samples",
            "update_steps", "length_batches", "autocast_dtype", "evaluate_losses", "selection_loss", "select_checkpoint",
-           "train_grounding"]
+           "state_error", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 TERMS = ("obs_loss", "act_loss", "token_loss")
@@ -43,8 +43,10 @@ def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundParams) -> GroundingSpec:
-    """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, and
-    the continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states."""
+    """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, the
+    continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states, and for
+    continuous observations changes predicted instead of absolute values, with the dims a step copies exactly
+    (``kalm_levels.obs_copies``) taken from the last state."""
     obs = np.concatenate([np.concatenate([e.observations["obs"], e.observations["next_obs"]]) for e in episodes])
     kl.check_obs(benchmark, obs, "training observations")
     mean, scale = observation_scale(obs, p.obs_std_floor)
@@ -52,7 +54,9 @@ def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundPar
     return GroundingSpec(obs_dim=kl.obs_dim(benchmark), action_dim=act.n, discrete=act.discrete,
                          action_low=float(act.low), action_high=float(act.high), base_model=p.model,
                          finetune="lora" if p.lora is not None else "full", obs_mean=mean, obs_std=scale,
-                         obs_fields=[list(f) for f in kl.obs_fields(benchmark)])
+                         obs_fields=[list(f) for f in kl.obs_fields(benchmark)],
+                         obs_delta=not kl.obs_fields(benchmark),
+                         obs_copy=[list(c) for c in kl.obs_copies(benchmark)])
 
 
 def update_steps(p: KalmGroundParams, samples: int) -> int:
@@ -214,6 +218,23 @@ def select_checkpoint(evaluations: Sequence[tuple[int, dict[str, float]]], p: Ka
     if not evaluations:
         raise ValueError("select_checkpoint: no evaluations")
     return min(evaluations, key=lambda e: (selection_loss(e[1], p), e[0]))[0]
+
+
+def state_error(model: GroundedLM, episodes: Sequence[Episode]) -> dict:
+    """The model's one-step state error on every real transition of ``episodes`` (``GroundedLM.predict_next``,
+    teacher-forced), beside copying the last state (s' := s), the baseline a model of small changes must beat.
+    Continuous observations: mean absolute error over dims; categorical ones: the share of fields wrong."""
+    if not episodes:
+        raise ValueError("state_error: no episodes")
+    obs = np.concatenate([e.observations["obs"] for e in episodes]).astype(np.float32)
+    nxt = np.concatenate([e.observations["next_obs"] for e in episodes]).astype(np.float32)
+    pred = model.predict_next(obs, np.concatenate([np.asarray(e.actions) for e in episodes]))
+    if model.codec.categorical:
+        metric, err, copy = "field_error", float(np.mean(pred != nxt)), float(np.mean(obs != nxt))
+    else:
+        metric, err, copy = "mae", float(np.mean(np.abs(pred - nxt))), float(np.mean(np.abs(obs - nxt)))
+    return {"metric": metric, "model": round(err, 6), "copy_last_state": round(copy, 6),
+            "beats_copy": err < copy, "transitions": len(obs)}
 
 
 class _Losses(torch.nn.Module):

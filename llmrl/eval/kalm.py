@@ -13,8 +13,8 @@ records its success per goal.
 
 Imagined rollouts (``llmrl.algos.kalm_imagine``) are measured here too, as a diagnostic only: ``rollout_quality``
 replays each imagined action sequence open-loop in the real env from the same seed and reports the env's own
-success of the replay and the per-step error between imagined and simulated states against the step index, for all
-rollouts and for the consistent ones, beside the success of as many uniformly random actions from the same starts
+success of the replay and the per-step error between imagined and simulated states against the step index (beside
+the error of copying the real initial state, ``copy_mae``), for all rollouts and for the consistent ones, beside the success of as many uniformly random actions from the same starts
 (the reference the replay must beat: ``imagines`` says whether the replay's interval clears the random one's).
 
 Gate 0, before any imagination (``gate_goals``, ``closed_loop``, ``gate0``): the grounded model acting as a policy
@@ -130,22 +130,25 @@ class ReplayResult:
     success: bool  # the env's own checker during the open-loop replay
     mae: list[float]  # per step: mean |imagined s_{t+1} - simulated s_{t+1}| over dimensions
     l2: list[float]  # per step: ||imagined - simulated||_2
+    copy_mae: list[float]  # per step: mean |s_0 - simulated s_{t+1}|: the last real state copied, the baseline
 
 
 def replay(episode: Episode, goal: kl.Goal, envs: kl.GoalEnvPool, actions=None) -> ReplayResult:
     """Replay the imagined actions (or ``actions`` instead) open-loop in the real env from the episode's seed."""
     env, obs = envs.reset(goal, episode.seed)
-    success, mae, l2 = False, [], []
+    start = np.asarray(obs, np.float32)
+    success, mae, l2, copy = False, [], [], []
     imagined = episode.observations["next_obs"]
     for t, a in enumerate(episode.actions if actions is None else actions):
         obs, _r, terminated, truncated, info = env.step(int(a) if np.ndim(a) == 0 else np.asarray(a, np.float32))
         diff = np.asarray(obs, np.float32) - imagined[t]
         mae.append(float(np.abs(diff).mean()))
         l2.append(float(np.linalg.norm(diff)))
+        copy.append(float(np.abs(np.asarray(obs, np.float32) - start).mean()))
         success = success or bool(info.get("success", False))
         if terminated or truncated:
             break
-    return ReplayResult(success, mae, l2)
+    return ReplayResult(success, mae, l2, copy)
 
 
 def _rate(flags: Sequence[bool]) -> float | None:
@@ -174,6 +177,7 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
     """
     rows, succ, rule, maes, l2s, rand = [], [], [], [], [], []
     by_step: dict[int, list[float]] = {}
+    copy_by_step: dict[int, list[float]] = {}
     with kl.GoalEnvPool(settings) as envs:
         for i, ep in enumerate(episodes):
             r = replay(ep, goals[i], envs)
@@ -182,8 +186,9 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
             rule.append(bool(ep.terminated[-1]))
             maes.extend(r.mae)
             l2s.extend(r.l2)
-            for t, v in enumerate(r.mae):
+            for t, (v, c) in enumerate(zip(r.mae, r.copy_mae)):
                 by_step.setdefault(t, []).append(v)
+                copy_by_step.setdefault(t, []).append(c)
             rows.append({"task": goals[i].task, "instruction": ep.mission, "seed": ep.seed, "length": len(ep),
                          "imagined_success": bool(ep.terminated[-1]), "replay_success": r.success,
                          "consistent": None if consistent is None else bool(consistent[i]),
@@ -191,7 +196,9 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
                          "mae_first": round(r.mae[0], 5) if r.mae else None,
                          "mae_last": round(r.mae[-1], 5) if r.mae else None})
     n = len(episodes)
-    curve = [{"step": t + 1, "mae": round(float(np.mean(v)), 5), "rollouts": len(v)} for t, v in sorted(by_step.items())]
+    curve = [{"step": t + 1, "mae": round(float(np.mean(v)), 5),
+              "copy_mae": round(float(np.mean(copy_by_step[t])), 5), "rollouts": len(v)}
+             for t, v in sorted(by_step.items())]
     replay_ci, random_ci = _wilson(succ), _wilson(rand)
     summary = {
         "rollouts": n,
@@ -206,6 +213,8 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
         "step_l2": round(float(np.mean(l2s)), 5) if l2s else None,
         "first_step_mae": curve[0]["mae"] if curve else None,
         "last_step_mae": curve[-1]["mae"] if curve else None,
+        "first_step_copy_mae": curve[0]["copy_mae"] if curve else None,
+        "last_step_copy_mae": curve[-1]["copy_mae"] if curve else None,
         "mean_length": round(float(np.mean([len(e) for e in episodes])), 2) if n else None,
     }
     if consistent is not None:
