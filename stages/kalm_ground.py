@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
                 flags = gate_outcomes(benchmark, model, train, p, seed, settings, table)
                 for row, f in flags.items():
                     gates[row].append(f)
-                metrics["gate0_seconds"] = round(time.perf_counter() - t0, 1)
-                metrics["gate0"] = {row: success_summary(f) for row, f in flags.items()}
+                metrics["gate0"] = {"rows": {row: success_summary(f) for row, f in flags.items()},
+                                    "seconds": round(time.perf_counter() - t0, 1)}
                 log.info("%s seed %d gate 0: %s", benchmark, seed, metrics["gate0"])
             if main_process and k == 0:
                 with atomic_path(out.model, is_dir=True) as folder:
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     if main_process:
         first = per_seed[0]
         summary = {
-            **{k: v for k, v in first.items() if k not in ("seed", "gate0", "gate0_seconds")},
+            **{k: v for k, v in first.items() if k not in ("seed", "gate0")},
             "seeds": per_seed, "dtype": dtype, "seconds": round(time.perf_counter() - start, 1),
             "env": fingerprint_line(),
         }
