@@ -1,16 +1,25 @@
-"""Stage kalm_ground@<benchmark>: fine-tune the base LLM into KALM's grounded model of one benchmark.
+"""Stage kalm_ground@<benchmark>: fine-tune the base LLM into KALM's grounded model of one benchmark, once per
+grounding seed, and gate 0 on each.
 
 Reads data/kalm/real/<benchmark>.h5 (KALM-A's kalm_data) to train on KALM's four patterns for ``kalm.ground.epochs``
-passes (llmrl.algos.kalm_grounding), and data/kalm/real/<benchmark>_validation.h5 (validation phrasings from
-validation initial states) for the before/after held-out losses. Writes
-models/kalm/grounded/<benchmark>/ (LoRA adapter + projections + heads + spec, train.json), metrics/kalm/
-ground_<benchmark>.json (losses before/after on held-out episodes, time, dtype) and dvclive curves in
-plots/kalm/ground/<benchmark>.
+passes (llmrl.algos.kalm_grounding), and data/kalm/real/<benchmark>_validation.h5 (validation starts) for the
+held-out losses: action and observation losses on the episodes relabelled with training phrasings (the checkpoint
+selector), the token loss on their own unseen phrasings (reported apart), and the one-step state error on their
+transitions beside copying the last state. Gate 0 (``kalm.ground.gate_episodes``):
+each seed's model acts in the real simulator on the training goals from validation starts, beside random actions
+and BC trained on the same real data (llmrl.eval.kalm.closed_loop, gate0). Writes models/kalm/grounded/<benchmark>/
+(the first seed's model: LoRA adapter + projections + heads + spec, train.json), metrics/kalm/
+ground_<benchmark>.json (the first seed's losses as headline keys, every seed's under ``seeds``, gate 0 pooled over
+seeds under ``gate0``) and dvclive curves in plots/kalm/ground/<benchmark>/seed-<k>.
+
+Seeds run one after another in this stage: at the study's size each takes most of the stage's time, so keeping
+every stage under 30 minutes needs a kalm_ground matrix over (benchmark, seed) and a small stage pooling the
+seeds' gate 0 (not built yet).
 
 Several devices: ``accelerate launch --multi_gpu --num_processes N -m stages.kalm_ground <benchmark>`` trains with
 DDP (``stages.launch``; without CUDA on CPU over gloo; ``--cpu`` would start one process). Every process builds the
 same samples and batches and trains on its 1/N share of each batch (``llmrl.algos.kalm_grounding``); the main
-process writes the outputs.
+process writes the outputs and runs gate 0.
 """
 
 import contextlib
@@ -20,10 +29,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from llmrl.agents.offline_policy import OfflinePolicy
 from llmrl.algos.kalm_grounding import (autocast_dtype, build_samples, evaluate_losses, grounding_spec,
-                                        train_grounding, update_steps, validation_params)
-from llmrl.config.kalm import KalmGroundParams
+                                        heldout_samples, state_error, train_grounding, update_steps)
+from llmrl.algos.kalm_offline import bc_algo, build_dataset, make_learnable, train_offline
+from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
+from llmrl.data.embeddings import EmbeddingTable
 from llmrl.data.trajectories import read_episodes
+from llmrl.envs import kalm_levels as kl
+from llmrl.eval.kalm import closed_loop, gate0, gate_goals, grounded_act, offline_act, random_act, success_summary
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import build_grounded
@@ -34,62 +48,129 @@ from stages.common import log, open_live, stage_arguments, stage_params
 from stages.launch import launched
 
 HEADLINE = ("loss", "obs_loss", "act_loss", "token_loss")
+HELDOUT = ("heldout_selection_loss", "heldout_obs_loss", "heldout_act_loss", "unseen_token_loss")
 REAL = paths.kalm_data().real
+
+
+def gate_outcomes(benchmark: str, model, train, p: KalmGroundParams, seed: int, settings: kl.EnvSettings,
+                  table: EmbeddingTable) -> dict[str, list[bool]]:
+    """Gate 0's episode successes of the grounded model, random actions and BC (trained here on ``train``)."""
+    goals = gate_goals(benchmark)
+    learnable = make_learnable(bc_algo(benchmark, p.gate_bc_steps), seed, p.threads)
+    for _ in train_offline(learnable, build_dataset(train, table, benchmark), p.gate_bc_steps, p.gate_bc_steps):
+        pass
+    bc = OfflinePolicy(learnable, np.zeros(table.dim, np.float32), name="bc")
+    rows = {"grounded": grounded_act(model, goals), "random": random_act(benchmark, seed),
+            "bc": offline_act(bc, table.lookup([g.instruction for g in goals]))}
+    outcomes = closed_loop(rows, goals, settings, p.gate_episodes, p.gate_seed)
+    return {row: [o.success for o in outs] for row, outs in outcomes.items()}
+
+
+def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, launch, plots) -> tuple:
+    """One grounding run: (model, train.json record, metrics of this seed)."""
+    accelerator, main_process = launch.accelerator, launch.is_main
+    start = time.perf_counter()
+    rng = seed_everything(seed)
+    model = build_grounded(grounding_spec(benchmark, train, p), lora=p.lora, device=launch.device)
+    samples = build_samples(model, train, p, rng)
+    selection, unseen = heldout_samples(model, val, benchmark, p, np.random.default_rng(seed + 1))
+    before, unseen_before = evaluate_losses(model, selection, p), evaluate_losses(model, unseen, p)
+    n_samples = sum(len(v) for v in samples.values())
+    log.info("%s seed %d: %d train / %d held-out episodes, %d samples; held-out before %s", benchmark, seed,
+             len(train), len(val), n_samples, before)
+    train_start = time.perf_counter()
+    rows = []
+    with open_live(plots / f"seed-{seed}") if main_process else contextlib.nullcontext() as live:
+        for row in tqdm(train_grounding(model, samples, p, rng, accelerator=accelerator, validation=selection,
+                                        unseen=unseen),
+                        total=update_steps(p, n_samples), desc=f"ground {benchmark} seed {seed}",
+                        disable=not main_process):
+            rows.append(row)
+            if not main_process:
+                continue
+            live.step = row["step"]
+            for key in (*HEADLINE, *HELDOUT, "lr", "obs_accuracy"):
+                if key in row:
+                    live.log_metric(key, row[key])
+            if row["step"] % p.log_every == 0:
+                log.info("%s seed %d step %d: %s", benchmark, seed, row["step"],
+                         {k: round(row[k], 4) for k in HEADLINE})
+    train_seconds = time.perf_counter() - train_start
+    after, unseen_after = evaluate_losses(model, selection, p), evaluate_losses(model, unseen, p)
+    error = state_error(model, val)
+    metrics = {
+        "seed": seed,
+        "heldout_selection_loss_before": before["selection_loss"], "heldout_selection_loss_after":
+            after["selection_loss"],
+        **{f"heldout_{k}_after": after[k] for k in ("obs_loss", "act_loss")},
+        **({"heldout_obs_accuracy_after": after["obs_accuracy"]} if "obs_accuracy" in after else {}),
+        "unseen_token_loss_before": unseen_before["token_loss"], "unseen_token_loss_after": unseen_after["token_loss"],
+        "train_loss_last10": round(float(np.mean([r["loss"] for r in rows[-10:]])), 5),
+        "samples": n_samples, "updates": len(rows), "epochs": p.epochs,
+        "selected_update": rows[-1].get("selected", len(rows)),
+        "state_error": error,  # one step on the held-out transitions, beside copying the last state
+        "train_seconds": round(train_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
+    }
+    record = {"before": before, "after": after, "unseen_before": unseen_before, "unseen_after": unseen_after,
+              "curve": rows}
+    log.info("%s seed %d: held-out after %s; unseen phrasings %s", benchmark, seed, after, unseen_after)
+    return model, record, metrics
 
 
 def main(argv: list[str] | None = None) -> None:
     benchmark = stage_arguments("kalm_ground", argv, benchmark="one of kalm.ground.benchmarks").benchmark
     p = stage_params("kalm.ground", KalmGroundParams)
+    env_p = stage_params("kalm.env", KalmEnvParams)
     if benchmark not in p.benchmarks:
         raise SystemExit(f"kalm_ground: benchmark {benchmark!r} is not in kalm.ground.benchmarks {p.benchmarks}")
+    if p.gate_episodes:  # before hours of training: a gate that cannot run fails now
+        kl.check_seed_range("validation", p.gate_seed,
+                            len(gate_goals(benchmark)) * kl.per_goal(len(gate_goals(benchmark)), p.gate_episodes),
+                            "kalm.ground.gate_seed")
     out = paths.kalm_ground(benchmark)
     torch.set_num_threads(p.threads)
     launch = launched()
     accelerator, main_process = launch.accelerator, launch.is_main
     start = time.perf_counter()
-    rng = seed_everything(p.seed)
     train = read_episodes(REAL / f"{benchmark}.h5")
     val = read_episodes(REAL / f"{benchmark}_validation.h5")
-    model = build_grounded(grounding_spec(benchmark, train, p), lora=p.lora, device=launch.device)
-    samples = build_samples(model, train, p, rng)
-    val_samples = build_samples(model, val, validation_params(p), np.random.default_rng(p.seed + 1))
-    before = evaluate_losses(model, val_samples, p)
-    n_samples = sum(len(v) for v in samples.values())
-    log.info("%s: %d train / %d held-out episodes, %d samples; held-out before %s", benchmark, len(train),
-             len(val), n_samples, before)
-    train_start = time.perf_counter()
-    rows = []
-    with open_live(out.plots) if main_process else contextlib.nullcontext() as live:
-        for row in tqdm(train_grounding(model, samples, p, rng, accelerator=accelerator, validation=val_samples),
-                        total=update_steps(p, n_samples), desc=f"ground {benchmark}", disable=not main_process):
-            rows.append(row)
-            if not main_process:
-                continue
-            live.step = row["step"]
-            for key in (*HEADLINE, "lr", "obs_accuracy", "heldout_loss"):
-                if key in row:
-                    live.log_metric(key, row[key])
-            if row["step"] % p.log_every == 0:
-                log.info("%s step %d: %s", benchmark, row["step"], {k: round(row[k], 4) for k in HEADLINE})
-    train_seconds = time.perf_counter() - train_start
-    after = evaluate_losses(model, val_samples, p)
+    settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
+    table = EmbeddingTable.load(REAL / "embeddings.npz") if p.gate_episodes else None
+    per_seed, gates = [], {"grounded": [], "random": [], "bc": []}
+    # every seed's curves replace the folder together, and only the main process writes them
+    with atomic_path(out.plots, is_dir=True) if main_process else contextlib.nullcontext(out.plots) as plots:
+        for k, seed in enumerate(p.seeds):
+            model, record, metrics = ground_seed(benchmark, seed, p, train, val, launch, plots)
+            if main_process and p.gate_episodes:
+                t0 = time.perf_counter()
+                flags = gate_outcomes(benchmark, model, train, p, seed, settings, table)
+                for row, f in flags.items():
+                    gates[row].append(f)
+                metrics["gate0"] = {"rows": {row: success_summary(f) for row, f in flags.items()},
+                                    "seconds": round(time.perf_counter() - t0, 1)}
+                log.info("%s seed %d gate 0: %s", benchmark, seed, metrics["gate0"])
+            if main_process and k == 0:
+                with atomic_path(out.model, is_dir=True) as folder:
+                    model.save(folder)
+                    write_json(folder / "train.json", {**record, "env": fingerprint_line()})
+                dtype = dtype_name(autocast_dtype(p, model.llm.device))
+            per_seed.append(metrics)
+            del model
     if main_process:
-        with atomic_path(out.model, is_dir=True) as folder:
-            model.save(folder)
-            write_json(folder / "train.json", {"before": before, "after": after, "curve": rows,
-                                               "env": fingerprint_line()})
-        metrics = {
-            "heldout_loss_before": before["loss"], "heldout_loss_after": after["loss"],
-            **{f"heldout_{k}_after": after[k] for k in ("obs_loss", "act_loss", "token_loss")},
-            **({"heldout_obs_accuracy_after": after["obs_accuracy"]} if "obs_accuracy" in after else {}),
-            "train_loss_last10": round(float(np.mean([r["loss"] for r in rows[-10:]])), 5),
-            "samples": n_samples, "updates": len(rows), "epochs": p.epochs,
-            "selected_update": rows[-1].get("selected", len(rows)),
-            "dtype": dtype_name(autocast_dtype(p, model.llm.device)), "train_seconds": round(train_seconds, 1),
-            "seconds": round(time.perf_counter() - start, 1), "env": fingerprint_line(),
+        first = per_seed[0]
+        summary = {
+            **{k: v for k, v in first.items() if k not in ("seed", "gate0")},
+            "seeds": per_seed, "dtype": dtype, "seconds": round(time.perf_counter() - start, 1),
+            "env": fingerprint_line(),
         }
-        write_json(out.metrics, metrics)
-        log.info("%s: held-out after %s; %s", benchmark, after, metrics)
+        if p.gate_episodes:
+            verdict = gate0(gates["grounded"], [f for s in gates["random"] for f in s])
+            bc = success_summary([f for s in gates["bc"] for f in s])
+            summary["gate0"] = {**verdict, "bc": bc, "goals": len(gate_goals(benchmark)),
+                                "first_seed": p.gate_seed}
+            summary["gate0_passed"] = verdict["passed"]
+        write_json(out.metrics, summary)
+        log.info("%s: %s", benchmark, summary)
     if accelerator is not None:
         accelerator.end_training()
 

@@ -45,9 +45,10 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
                                         "kalm_imagine)")
             imagined += read_episodes(path)
         episodes, stats = mix_episodes(episodes, imagined, p.mix_ratio, seed)
+        # generated and passed-filter counts per level are kalm_imagine's (rollouts, written); used is this mix's
         mix = {"real_steps": stats.real_steps, "imagined_steps": stats.imagined_steps,
-               "imagined_episodes": stats.imagined_episodes, "imagined_share": round(stats.imagined_share, 4),
-               "mix_ratio": p.mix_ratio}
+               "imagined_passed": stats.imagined_available, "imagined_used": stats.imagined_episodes,
+               "imagined_share": round(stats.imagined_share, 4), "mix_ratio": p.mix_ratio}
         log.info("%s: real + imagined dataset %s", run, mix)
     table = EmbeddingTable.load(REAL / "embeddings.npz")
     dataset = build_dataset(episodes, table, algo.benchmark)

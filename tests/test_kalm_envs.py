@@ -269,3 +269,44 @@ def test_no_evaluation_start_equals_a_training_or_imagination_start(benchmark):
     assert train and validation and imagine and evaluation
     assert not evaluation & train and not evaluation & imagine and not evaluation & validation
     assert not imagine & train and not imagine & validation and not validation & train
+
+
+def test_babyai_compact_state_round_trips_and_its_rule_is_the_envs_success():
+    """env -> compact state -> fields gives the env's agent, carried object and objects; the success rule on the
+    compact state says success exactly where BabyAI's verifier does, at every step of bot and random episodes."""
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    from llmrl.envs import kalm_babyai as bab
+
+    settings = kl.EnvSettings(max_steps=24, room_size=8, num_distractors=4)
+    fields = bab.compact_fields(settings.room_size)
+    assert [f[0] for f in fields] == list(range(bab.compact_dim()))  # every dim one categorical field
+    goals = [g for g in kl.goals("babyai", "train") if g.task in ("goto:green:ball", "pickup:blue:key")]
+    goals = kl.one_per_task(goals) + kl.one_per_task(kl.goals("babyai", "hard"))[:1]
+    checked = successes = 0
+    for goal in goals:
+        for seed, policy in ((0, "bot"), (1, "bot"), (2, "random")):
+            env = kl.make_goal_env(goal, seed, settings)
+            env.reset(seed=seed)
+            level = env.unwrapped
+            bot, rng = BabyAIBot(level), np.random.default_rng(seed)
+            while True:
+                state = bab.compact_state(env)
+                read = bab.read_compact(state)
+                assert read["agent"] == (*map(int, level.agent_pos), int(level.agent_dir))
+                assert read["carrying"] == (None if level.carrying is None
+                                            else (level.carrying.type, level.carrying.color))
+                placed = [(o.type, o.color, None, None if o is level.carrying else tuple(map(int, o.cur_pos)))
+                          for o in level.room_grid[0][0].objs]
+                assert read["objects"] == placed
+                action = int(bot.replan()) if policy == "bot" else int(rng.integers(0, 6))
+                _obs, _r, terminated, truncated, info = env.step(action)
+                after = bab.compact_state(env)
+                assert bab.compact_success(goal.task, after) == info["success"], (goal.task, seed, policy)
+                checked += 1
+                successes += info["success"]
+                if terminated or truncated:
+                    break
+    assert successes >= 4 and checked > 30  # the bot solves its episodes: the rule fired where the env's did
+    with pytest.raises(ValueError, match="compact state has"):
+        bab.read_compact(np.zeros(3))

@@ -3,6 +3,7 @@ generation equals re-encoding, imagined rollouts stop by the level's rule and ar
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -379,23 +380,110 @@ def test_replay_says_whether_the_model_imagines_at_all():
 
 
 def test_the_validation_split_picks_the_grounding_weights():
-    """With eval_every, the held-out loss is measured along training and the model ends with the weights of its
-    lowest point (a small model overfits a few thousand samples)."""
+    """With eval_every, the held-out action and observation losses are measured along training and the model ends
+    with the weights where their weighted sum was lowest; the unseen phrasings' token loss is only reported."""
     rng = np.random.default_rng(11)
     model = _model()
     train = [_episode(rng, mission="reach the red ball") for _ in range(2)]
     val = [_episode(rng, mission="open the blue door") for _ in range(2)]
     p = _params(epochs=6.0, batch_size=4, lr=3e-2, eval_every=2)  # 16 samples: 24 updates, measured 12 times
     samples = kg.build_samples(model, train, p, rng)
-    held = kg.build_samples(model, val, p, np.random.default_rng(1))
-    rows = list(kg.train_grounding(model, samples, p, rng, validation=held))
-    measured = {r["step"]: r["heldout_loss"] for r in rows if "heldout_loss" in r}
+    held = kg.build_samples(model, val, p.model_copy(update={"reverse_samples": 0}), np.random.default_rng(1))
+    unseen = kg.build_samples(model, val, p.model_copy(update={"trajectory_samples": 0, "dynamics_samples": 0,
+                                                               "goal_samples": 0}), np.random.default_rng(2))
+    rows = list(kg.train_grounding(model, samples, p, rng, validation=held, unseen=unseen))
+    measured = {r["step"]: r["heldout_selection_loss"] for r in rows if "heldout_selection_loss" in r}
     assert sorted(measured) == list(range(2, 25, 2))
+    assert all("unseen_token_loss" in r and "heldout_act_loss" in r for r in rows if r["step"] in measured)
     best = min(measured, key=measured.get)
     assert rows[-1]["selected"] == best and sum("selected" in r for r in rows) == 1
-    assert kg.evaluate_losses(model, held, p)["loss"] == pytest.approx(measured[best], abs=1e-4)
+    assert kg.evaluate_losses(model, held, p)["selection_loss"] == pytest.approx(measured[best], abs=1e-4)
     plain = list(kg.train_grounding(_model(), samples, _params(epochs=1.0), rng, validation=held))
-    assert not any("heldout_loss" in r or "selected" in r for r in plain)  # eval_every 0: the last weights
+    assert not any("heldout_selection_loss" in r or "selected" in r for r in plain)  # eval_every 0: the last weights
+
+
+def test_selection_prefers_lower_action_and_observation_loss_over_token_loss():
+    """A checkpoint with lower held-out action + observation losses wins even where its token loss on unseen
+    phrasings is far worse (the old selector, token-dominated, took the other)."""
+    p = _params()
+    acting = {"obs_loss": 0.20, "act_loss": 0.40, "token_loss": 3.0}
+    talking = {"obs_loss": 0.25, "act_loss": 0.60, "token_loss": 1.0}
+    evaluations = [(55, talking), (550, acting)]
+    assert kg.select_checkpoint(evaluations, p) == 550
+    assert kg.selection_loss(acting, p) == pytest.approx(0.30)
+    old = lambda t: p.obs_weight * t["obs_loss"] + p.act_weight * t["act_loss"] + p.token_weight * t["token_loss"]
+    assert min(evaluations, key=lambda e: old(e[1]))[0] == 55  # what the token-weighted loss would have kept
+    assert kg.select_checkpoint([(10, acting), (20, dict(acting))], p) == 10  # a tie keeps the earlier
+    with pytest.raises(ValueError, match="no evaluations"):
+        kg.select_checkpoint([], p)
+
+
+def test_held_out_selection_uses_training_phrasings_and_tokens_the_unseen_ones():
+    from llmrl.envs.kalm_episodes import expert_episodes
+
+    val_goals = [g for g in kl.goals("babyai", "validation") if g.task == "goto:red:box"]
+    eps = list(expert_episodes("babyai", val_goals, 3, seed=10_000, settings=kl.EnvSettings(max_steps=12)))
+    relabelled = kg.training_phrasing_episodes(eps, "babyai")
+    train_phrasings = [g.instruction for g in kl.goals("babyai", "train") if g.task == "goto:red:box"]
+    assert [e.mission for e in relabelled] == train_phrasings[:3]  # the k-th episode of a task: its k-th phrasing
+    assert all(e.mission not in train_phrasings for e in eps)
+    for a, b in zip(eps, relabelled):
+        assert a.seed == b.seed and np.array_equal(a.observations["obs"], b.observations["obs"])
+    model = _babyai_model()
+    selection, unseen = kg.heldout_samples(model, eps, "babyai", _params(trajectory_samples=16, reverse_samples=16),
+                                           np.random.default_rng(0))
+    assert not selection["reverse"] and selection["trajectory"] and selection["dynamics"]
+    assert unseen["reverse"] and not (unseen["trajectory"] or unseen["dynamics"] or unseen["goal"])
+    tok = model.llm.tokenizer
+    texts = [tok.decode([t for t in s.labels if t != -100]) for s in unseen["reverse"]]
+    assert all(any(e.mission in t for e in eps) for t in texts)  # token targets: the unseen phrasings
+    wrong = [dataclasses.replace(eps[0], info={**eps[0].info, "task": "goto:red:ball"})]  # a held-out combination
+    with pytest.raises(ValueError, match="not a babyai training task"):
+        kg.training_phrasing_episodes(wrong, "babyai")
+
+
+def test_all_transitions_tiles_every_episode_into_windows():
+    rng = np.random.default_rng(3)
+    eps = [_episode(rng, T=T) for T in (3, 9, 4)]
+    model = _model()
+    samples = kg.build_samples(model, eps, _params(window=4, all_transitions=True, trajectory_samples=1), rng)
+    assert len(samples["trajectory"]) == 1 + 3 + 1  # ceil(T / window) windows per episode
+    assert sum(int(s.act_target.sum()) for s in samples["trajectory"]) == 3 + 9 + 4  # every action once
+
+
+def test_gate0_passes_only_clearly_above_random():
+    from llmrl.eval.kalm import gate0
+
+    random = [True] * 5 + [False] * 95
+    good = gate0([[True] * 40 + [False] * 60] * 3, random)
+    assert good["passed"] and all(s["passed"] for s in good["per_seed"]) and good["grounded"]["episodes"] == 300
+    assert good["grounded"]["ci_low"] > good["random"]["ci_high"]
+    near = gate0([[True] * 9 + [False] * 91] * 3, random)  # 9 % against 5 %: intervals overlap
+    assert not near["passed"]
+    mixed = gate0([[True] * 40 + [False] * 60, [False] * 100, [False] * 100], random)
+    assert [s["passed"] for s in mixed["per_seed"]] == [True, False, False]
+    with pytest.raises(ValueError, match="grounded"):
+        gate0([], random)
+    with pytest.raises(ValueError, match="random"):
+        gate0([[True]], [])
+
+
+def test_gate0_plays_training_goals_from_validation_starts():
+    from llmrl.eval.kalm import closed_loop, gate_goals, grounded_act, random_act
+
+    goals = gate_goals("babyai")
+    assert len(goals) == len({g.task for g in kl.goals("babyai", "train")}) and all(g.split == "train" for g in goals)
+    goals = goals[:2]
+    model = _babyai_model()
+    settings = kl.EnvSettings(max_steps=3, room_size=6, num_distractors=1)
+    out = closed_loop({"grounded": grounded_act(model, goals), "random": random_act("babyai", 0)}, goals, settings,
+                      3, 10_000)
+    for outcomes in out.values():
+        assert [o.goal for o in outcomes] == [0, 1] * 2  # every goal equally: ceil(3 / 2) rounds
+        assert all(kl.start_split(o.seed).name == "validation" for o in outcomes)
+        assert all(1 <= o.length <= 3 for o in outcomes)
+    with pytest.raises(ValueError, match="kalm.ground.gate_seed"):
+        closed_loop({"random": random_act("babyai", 0)}, goals, settings, 3, 20_000)
 
 
 @pytest.mark.parametrize("discrete", [False, True])
@@ -438,3 +526,92 @@ def test_length_batches_cover_every_sample_once_in_full_batches():
     assert min(len(b) for b in batches) >= 8  # a remainder joins its neighbour: N <= 8 processes share every batch
     # bucketed: the length spread inside a batch is far below the pool's
     assert np.mean([np.ptp(lengths[b]) for b in batches]) < 0.5 * np.ptp(lengths)
+
+
+def _metaworld_like_episodes(rng, n=3, T=6):
+    """39-d episodes with Meta-World's layout: [18:36] of s' is [0:18] of s, the goal [36:39] constant."""
+    eps = []
+    for _ in range(n):
+        frames = [np.concatenate([rng.normal(size=18), np.zeros(18), rng.normal(size=3)]).astype(np.float32)]
+        frames[0][18:36] = frames[0][:18]
+        for _t in range(T):
+            prev = frames[-1]
+            nxt = prev.copy()
+            nxt[:18] = prev[:18] + rng.normal(scale=0.01, size=18)
+            nxt[18:36] = prev[:18]
+            frames.append(nxt.astype(np.float32))
+        obs = np.stack(frames)
+        eps.append(Episode(observations={"obs": obs[:-1], "next_obs": obs[1:]},
+                           actions=rng.uniform(-1, 1, (T, 4)).astype(np.float32), rewards=np.zeros(T),
+                           terminated=np.zeros(T, bool), truncated=np.zeros(T, bool), mission="reach the goal"))
+    return eps
+
+
+def test_metaworld_copy_indices_match_the_simulator():
+    """A real Meta-World step: s'[18:36] == s[0:18] exactly and the goal stays (the dims the model copies)."""
+    goal = kl.goals("metaworld", "train")[8]  # push
+    env = kl.make_goal_env(goal, 0, kl.EnvSettings(max_steps=10))
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        nxt, *_ = env.step(rng.uniform(-1, 1, 4).astype(np.float32))
+        for to, frm in kl.obs_copies("metaworld"):
+            assert nxt[to] == obs[frm], (to, frm)
+        assert np.abs(nxt[:3] - obs[:3]).max() > 0  # the hand moved: the copies are not trivially constant
+        obs = nxt
+    assert kl.obs_copies("babyai") == []
+
+
+def test_metaworld_states_are_predicted_as_changes_with_deterministic_dims_copied():
+    rng = np.random.default_rng(4)
+    eps = _metaworld_like_episodes(rng)
+    spec = kg.grounding_spec("metaworld", eps, _params())
+    assert spec.obs_delta and sorted(map(tuple, spec.obs_copy)) == sorted(kl.obs_copies("metaworld"))
+    torch.manual_seed(0)
+    model = build_grounded(spec)
+    codec = model.codec
+    assert codec.out_features == 39 - 21 and model.io.obs_head.out_features == 18
+    cur = torch.from_numpy(np.concatenate([e.observations["obs"] for e in eps]))
+    nxt = torch.from_numpy(np.concatenate([e.observations["next_obs"] for e in eps]))
+    torch.testing.assert_close(codec.decode(codec.target_features(nxt, cur), cur), nxt, atol=1e-5, rtol=0)
+    garbage = codec.decode(torch.randn(len(cur), codec.out_features), cur)
+    assert torch.equal(garbage[:, 18:36], cur[:, :18]) and torch.equal(garbage[:, 36:], cur[:, 36:])
+    # a change of 0.01 is a target of 0.01 / scale, not a position far from the mean
+    assert codec.target_features(nxt, cur).abs().max() < 1.0
+    with pytest.raises(ValueError, match="current state"):
+        codec.decode(torch.zeros(1, codec.out_features))
+    # the loss reads each target's own last state: a zero head scores exactly the changes' squared size
+    dyn = kg.build_samples(model, eps, _params(trajectory_samples=0, goal_samples=0, reverse_samples=0,
+                                               dynamics_samples=6), rng)["dynamics"]
+    with torch.no_grad():
+        model.io.obs_head.weight.zero_()
+        model.io.obs_head.bias.zero_()
+    batch = collate(dyn, model.llm.tokenizer.pad_token_id)
+    s = torch.stack([torch.from_numpy(q.obs[q.kind.index(STATE)]) for q in dyn])
+    s_next = torch.stack([torch.from_numpy(q.obs[-1]) for q in dyn])
+    expected = ((s_next[:, codec.pred] - s[:, codec.pred]) / codec.scale[codec.pred]).pow(2).mean()
+    torch.testing.assert_close(model.losses(batch)["obs_loss"], expected, rtol=1e-5, atol=1e-7)
+    # a zero head predicts "nothing changes" and copies the previous frame right: it beats copying s
+    err = kg.state_error(model, eps)
+    assert err["metric"] == "mae" and err["transitions"] == 18
+    assert err["model"] < err["copy_last_state"] and err["beats_copy"]
+    # imagination: every imagined s_{t+1} carries s_t's frame in [18:36] and the goal of s_0
+    torch.manual_seed(1)
+    model = build_grounded(spec)
+    s0 = eps[0].observations["obs"][:1]
+    _, nexts, _ = model.imagine(["reach the goal"], s0, 4)
+    states = np.concatenate([s0[:, None], nexts], 1)[0]
+    np.testing.assert_array_equal(states[1:, 18:36], states[:-1, :18])
+    np.testing.assert_array_equal(states[1:, 36:], np.repeat(s0[:, 36:], 4, 0))
+    saved = model.predict_next(eps[0].observations["obs"], eps[0].actions)
+    np.testing.assert_array_equal(saved[:, 18:36], eps[0].observations["obs"][:, :18])
+
+
+def test_babyai_state_error_counts_fields_against_copying():
+    from llmrl.envs.kalm_episodes import expert_episodes
+
+    goal = kl.goals("babyai", "train")[0]
+    eps = list(expert_episodes("babyai", [goal], 2, seed=0, settings=kl.EnvSettings(max_steps=10)))
+    err = kg.state_error(_babyai_model(), eps)
+    assert err["metric"] == "field_error" and err["transitions"] == sum(len(e) for e in eps)
+    assert 0 <= err["model"] <= 1 and 0 < err["copy_last_state"] < 1  # a step changes some fields, not all

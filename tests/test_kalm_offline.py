@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -29,11 +31,12 @@ def _episode(length: int, mission: str, d: int = 151, imaginary: bool = False) -
 @pytest.mark.parametrize("ratio", [0.2, 0.5, 0.8])
 def test_mix_ratio_is_honoured(ratio):
     real = [_episode(n, "go to the red box") for n in (5, 9, 7, 12, 6, 10)]
-    imagined = [_episode(n, "go to the red ball", imaginary=True) for n in (3, 4, 6)]  # too few: repeated
+    imagined = [_episode(n, "go to the red ball", imaginary=True) for n in (3, 4, 6, 2, 5, 3, 4, 6, 2, 5) * 6]
     mixed, stats = mix_episodes(real, imagined, ratio, seed=0)
     assert mixed[:len(real)] == real
     n_imag = sum(len(e) for e in mixed[len(real):])
     assert n_imag == stats.imagined_steps and stats.real_steps == sum(len(e) for e in real)
+    assert stats.imagined_available == len(imagined) and stats.imagined_episodes == len(mixed) - len(real)
     assert all(e.info["imaginary"] for e in mixed[len(real):])
     # within half of the longest imagined episode of the target share
     assert abs(n_imag - ratio / (1 - ratio) * stats.real_steps) <= 3
@@ -42,6 +45,24 @@ def test_mix_ratio_is_honoured(ratio):
     assert [len(e) for e in again] == [len(e) for e in mixed]
     with pytest.raises(ValueError, match="mix_ratio"):
         mix_episodes(real, imagined, 1.0, seed=0)
+
+
+def test_no_imagined_transition_is_used_more_often_than_it_was_generated():
+    """Too few rollouts for the share: each is used once and the share falls short (recorded), never padded by
+    repeating the same rollouts."""
+    real = [_episode(n, "go to the red box") for n in (5, 9, 7, 12, 6, 10)]
+    imagined = [_episode(n, "go to the red ball", imaginary=True) for n in (3, 4, 6)]
+    mixed, stats = mix_episodes(real, imagined, 0.5, seed=0)
+    used = mixed[len(real):]
+    assert sorted(id(e) for e in used) == sorted(id(e) for e in imagined)  # each generated rollout once
+    assert stats.imagined_steps == 13 and stats.imagined_episodes == 3 == stats.imagined_available
+    assert stats.imagined_share == pytest.approx(13 / (13 + 49)) and stats.imagined_share < 0.5
+    # transitions: no (episode, step) pair occurs more often in the mix than in what was generated
+    generated = collections.Counter((id(e), t) for e in imagined for t in range(len(e)))
+    in_mix = collections.Counter((id(e), t) for e in used for t in range(len(e)))
+    assert all(in_mix[k] <= generated[k] for k in in_mix)
+    alone, none = mix_episodes(real, [], 0.5, seed=0)
+    assert alone == real and none.imagined_steps == 0 and none.imagined_available == 0
 
 
 def test_dataset_flags_every_episode_end_and_appends_the_embedding():

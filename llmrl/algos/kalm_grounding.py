@@ -15,6 +15,7 @@ embeddings with two regression heads, which trl's collators and losses do not mo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 
@@ -28,8 +29,9 @@ from llmrl.llm.grounded import (GroundedLM, GroundingSpec, TokenSequence, collat
                                 trajectory_prompt)
 from llmrl.llm.load import dtype_name, resolve_dtype
 
-__all__ = ["grounding_spec", "build_samples", "validation_params", "update_steps", "length_batches", "autocast_dtype",
-           "evaluate_losses", "train_grounding"]
+__all__ = ["grounding_spec", "build_samples", "validation_params", "training_phrasing_episodes", "heldout_samples",
+           "update_steps", "length_batches", "autocast_dtype", "evaluate_losses", "selection_loss", "select_checkpoint",
+           "state_error", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 TERMS = ("obs_loss", "act_loss", "token_loss")
@@ -41,8 +43,10 @@ def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundParams) -> GroundingSpec:
-    """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, and
-    the continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states."""
+    """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, the
+    continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states, and for
+    continuous observations changes predicted instead of absolute values, with the dims a step copies exactly
+    (``kalm_levels.obs_copies``) taken from the last state."""
     obs = np.concatenate([np.concatenate([e.observations["obs"], e.observations["next_obs"]]) for e in episodes])
     kl.check_obs(benchmark, obs, "training observations")
     mean, scale = observation_scale(obs, p.obs_std_floor)
@@ -50,7 +54,9 @@ def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundPar
     return GroundingSpec(obs_dim=kl.obs_dim(benchmark), action_dim=act.n, discrete=act.discrete,
                          action_low=float(act.low), action_high=float(act.high), base_model=p.model,
                          finetune="lora" if p.lora is not None else "full", obs_mean=mean, obs_std=scale,
-                         obs_fields=[list(f) for f in kl.obs_fields(benchmark)])
+                         obs_fields=[list(f) for f in kl.obs_fields(benchmark)],
+                         obs_delta=not kl.obs_fields(benchmark),
+                         obs_copy=[list(c) for c in kl.obs_copies(benchmark)])
 
 
 def update_steps(p: KalmGroundParams, samples: int) -> int:
@@ -60,25 +66,27 @@ def update_steps(p: KalmGroundParams, samples: int) -> int:
 
 def build_samples(model: GroundedLM, episodes: Sequence[Episode], p: KalmGroundParams,
                   rng: np.random.Generator) -> dict[str, list[TokenSequence]]:
-    """The four patterns' samples drawn from ``episodes`` (counts from params; episodes drawn uniformly)."""
+    """The four patterns' samples drawn from ``episodes`` (counts from params; episodes drawn uniformly). With
+    ``p.all_transitions`` the trajectory pattern instead tiles every episode into consecutive windows."""
     if not episodes:
         raise ValueError("build_samples: no episodes")
     b = model.builder
     out: dict[str, list[TokenSequence]] = {k: [] for k in PATTERNS}
     counts = {"trajectory": p.trajectory_samples, "dynamics": p.dynamics_samples, "goal": p.goal_samples,
               "reverse": p.reverse_samples}
+    if p.all_transitions:
+        for ep in episodes:
+            for start in range(0, len(ep), p.window):
+                _trajectory_window(b, ep, start, p.window)
+                out["trajectory"].append(b.build())
+        counts.pop("trajectory")
     for pattern, n in counts.items():
         for _ in range(n):
             ep = episodes[int(rng.integers(len(episodes)))]
             obs, act, nxt = episode_arrays(ep)
             T = len(obs)
             if pattern == "trajectory":
-                start = 0 if rng.random() < p.start_prob else int(rng.integers(T))
-                stop = min(T, start + p.window)
-                b.text(trajectory_prompt(ep.mission))
-                for t in range(start, stop):
-                    b.state(obs[t], target=t > start).action(act[t], target=True)
-                b.state(nxt[stop - 1], target=True)
+                _trajectory_window(b, ep, 0 if rng.random() < p.start_prob else int(rng.integers(T)), p.window)
             elif pattern == "dynamics":
                 t = int(rng.integers(T))
                 b.text("Predict the next state:").state(obs[t]).action(act[t]).state(nxt[t], target=True,
@@ -93,12 +101,55 @@ def build_samples(model: GroundedLM, episodes: Sequence[Episode], p: KalmGroundP
     return out
 
 
+def _trajectory_window(b, ep: Episode, start: int, window: int) -> None:
+    """The instruction -> trajectory sample of ``ep``'s steps start .. start + window - 1 into builder ``b``."""
+    obs, act, nxt = episode_arrays(ep)
+    stop = min(len(obs), start + window)
+    b.text(trajectory_prompt(ep.mission))
+    for t in range(start, stop):
+        b.state(obs[t], target=t > start).action(act[t], target=True)
+    b.state(nxt[stop - 1], target=True)
+
+
 def validation_params(p: KalmGroundParams) -> KalmGroundParams:
     """The held-out set's sample counts: an eighth of each pattern's training count (at least one), drawn from
     the validation episodes."""
     return p.model_copy(update={k: max(1, v // 8) for k, v in {
         "trajectory_samples": p.trajectory_samples, "dynamics_samples": p.dynamics_samples,
         "goal_samples": p.goal_samples, "reverse_samples": p.reverse_samples}.items()})
+
+
+def training_phrasing_episodes(episodes: Sequence[Episode], benchmark: str) -> list[Episode]:
+    """The held-out episodes with their instruction replaced by a training phrasing of the same task (the k-th
+    episode of a task takes its k-th training phrasing, cycling). The expert's states and actions do not depend on
+    the phrasing, so these are the training goals played from validation starts: what selection must score."""
+    phrasings: dict[str, list[str]] = {}
+    for g in kl.goals(benchmark, "train"):
+        phrasings.setdefault(g.task, []).append(g.instruction)
+    seen: dict[str, int] = {}
+    out = []
+    for ep in episodes:
+        task = ep.info.get("task")
+        if task not in phrasings:
+            raise ValueError(f"training_phrasing_episodes: episode seed {ep.seed} has task {task!r}, not a "
+                             f"{benchmark} training task")
+        k = seen[task] = seen.get(task, -1) + 1
+        out.append(dataclasses.replace(ep, mission=phrasings[task][k % len(phrasings[task])]))
+    return out
+
+
+def heldout_samples(model: GroundedLM, episodes: Sequence[Episode], benchmark: str, p: KalmGroundParams,
+                    rng: np.random.Generator) -> tuple[dict[str, list[TokenSequence]], dict[str, list[TokenSequence]]]:
+    """(selection samples, unseen-phrasing samples) from held-out ``episodes`` (validation phrasings, validation
+    starts): the patterns carrying action and observation targets on the episodes relabelled with training
+    phrasings (``training_phrasing_episodes``), and the trajectory -> instruction pattern on their own, unseen
+    phrasings (its token loss, reported apart). Counts: ``validation_params``."""
+    v = validation_params(p)
+    behaviour = v.model_copy(update={"reverse_samples": 0})
+    phrasing = v.model_copy(update={"trajectory_samples": 0, "dynamics_samples": 0, "goal_samples": 0,
+                                    "all_transitions": False})
+    selection = build_samples(model, training_phrasing_episodes(episodes, benchmark), behaviour, rng)
+    return selection, build_samples(model, episodes, phrasing, rng)
 
 
 def weighted_loss(losses: dict[str, torch.Tensor], p: KalmGroundParams) -> torch.Tensor:
@@ -150,7 +201,40 @@ def evaluate_losses(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         result["obs_accuracy"] = round(float(np.mean(accuracies)), 4)
     result["loss"] = round(p.obs_weight * totals["obs_loss"] + p.act_weight * totals["act_loss"]
                            + p.token_weight * totals["token_loss"], 5)
+    result["selection_loss"] = round(selection_loss(totals, p), 5)
     return result
+
+
+def selection_loss(terms: dict[str, float], p: KalmGroundParams) -> float:
+    """The checkpoint selector: obs_weight * obs_loss + act_weight * act_loss. The token loss is left out: on
+    held-out phrasings it measures language, not whether the model acts and predicts states (it made up most of
+    the old held-out loss and stopped training at a fifth of an epoch while the action loss still fell)."""
+    return float(p.obs_weight * terms["obs_loss"] + p.act_weight * terms["act_loss"])
+
+
+def select_checkpoint(evaluations: Sequence[tuple[int, dict[str, float]]], p: KalmGroundParams) -> int:
+    """The update whose held-out evaluation (``evaluate_losses`` terms) has the lowest ``selection_loss``; the
+    earliest on a tie."""
+    if not evaluations:
+        raise ValueError("select_checkpoint: no evaluations")
+    return min(evaluations, key=lambda e: (selection_loss(e[1], p), e[0]))[0]
+
+
+def state_error(model: GroundedLM, episodes: Sequence[Episode]) -> dict:
+    """The model's one-step state error on every real transition of ``episodes`` (``GroundedLM.predict_next``,
+    teacher-forced), beside copying the last state (s' := s), the baseline a model of small changes must beat.
+    Continuous observations: mean absolute error over dims; categorical ones: the share of fields wrong."""
+    if not episodes:
+        raise ValueError("state_error: no episodes")
+    obs = np.concatenate([e.observations["obs"] for e in episodes]).astype(np.float32)
+    nxt = np.concatenate([e.observations["next_obs"] for e in episodes]).astype(np.float32)
+    pred = model.predict_next(obs, np.concatenate([np.asarray(e.actions) for e in episodes]))
+    if model.codec.categorical:
+        metric, err, copy = "field_error", float(np.mean(pred != nxt)), float(np.mean(obs != nxt))
+    else:
+        metric, err, copy = "mae", float(np.mean(np.abs(pred - nxt))), float(np.mean(np.abs(obs - nxt)))
+    return {"metric": metric, "model": round(err, 6), "copy_last_state": round(copy, 6),
+            "beats_copy": err < copy, "transitions": len(obs)}
 
 
 class _Losses(torch.nn.Module):
@@ -194,17 +278,20 @@ def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
 
 def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], p: KalmGroundParams,
                     rng: np.random.Generator, *, accelerator=None,
-                    validation: dict[str, list[TokenSequence]] | None = None) -> Iterator[dict]:
+                    validation: dict[str, list[TokenSequence]] | None = None,
+                    unseen: dict[str, list[TokenSequence]] | None = None) -> Iterator[dict]:
     """SFT on the mixed patterns; yields one metrics row per update.
 
     Row: step, loss, obs_loss, act_loss, token_loss (obs_accuracy for categorical observations), lr, autocast
     (dtype name). ``update_steps(p, samples)`` updates over the patterns' samples pooled, in seeded epochs of
     length-bucketed batches (``length_batches``).
 
-    With ``validation`` samples and ``p.eval_every`` > 0, the held-out loss (``evaluate_losses``) is measured every
-    ``eval_every`` updates and after the last (row key ``heldout_loss``), and the model ends with the trainable
-    weights of the update where it was lowest (row key ``selected`` on that update's row, once, at the end): a
-    small model overfits a few thousand samples within epochs, and the validation split picks the stopping point.
+    With ``validation`` samples (``heldout_samples``: training phrasings from validation starts) and
+    ``p.eval_every`` > 0, the held-out terms are measured every ``eval_every`` updates and after the last (row keys
+    ``heldout_obs_loss``, ``heldout_act_loss``, ``heldout_selection_loss``; ``unseen_token_loss`` on the
+    ``unseen`` phrasings' samples, reported only), and the model ends with the trainable weights of the update
+    ``select_checkpoint`` picks (row key ``selected`` on the last row): a small model overfits a few thousand
+    samples within epochs, and held-out behaviour picks the stopping point.
 
     ``accelerator`` (``accelerate.Accelerator`` of N processes, the model on its device): every rank draws the
     same batches and runs its share ``batch[rank::N]`` through DDP. A rank's term is its share's mean weighted by
@@ -238,7 +325,8 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
     lengths = np.asarray([len(s) for s in pool])
     epoch: list[np.ndarray] = []
     select = bool(validation) and p.eval_every > 0
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    evaluations: list[tuple[int, dict[str, float]]] = []
+    weights: dict[int, dict[str, torch.Tensor]] = {}
     for step in range(steps):
         while not epoch:
             epoch = length_batches(lengths, p.batch_size, rng)
@@ -264,16 +352,23 @@ def train_grounding(model: GroundedLM, samples: dict[str, list[TokenSequence]], 
         row = {"step": step + 1, "loss": float(loss.detach()), **{k: float(v.detach()) for k, v in losses.items()},
                "lr": lr, "autocast": dtype_name(dtype)}
         if select and ((step + 1) % p.eval_every == 0 or step + 1 == steps):
-            row["heldout_loss"] = evaluate_losses(model, validation, p)["loss"]
-            if best is None or row["heldout_loss"] < best[0]:
-                best = (row["heldout_loss"], step + 1, {n: q.detach().clone() for n, q in
-                                                         model.named_parameters() if q.requires_grad})
+            terms = evaluate_losses(model, validation, p)
+            row |= {"heldout_obs_loss": terms["obs_loss"], "heldout_act_loss": terms["act_loss"],
+                    "heldout_selection_loss": terms["selection_loss"]}
+            if unseen:
+                row["unseen_token_loss"] = evaluate_losses(model, unseen, p)["token_loss"]
+            evaluations.append((step + 1, terms))
+            best = select_checkpoint(evaluations, p)
+            # keep only the best weights so far: the next evaluation competes with them alone
+            weights = {step + 1: {n: q.detach().clone() for n, q in model.named_parameters() if q.requires_grad}} \
+                if best == step + 1 else weights
         if select and step + 1 == steps:
+            best = select_checkpoint(evaluations, p)
             with torch.no_grad():
                 for n, q in model.named_parameters():
                     if q.requires_grad:
-                        q.copy_(best[2][n])
-            row["selected"] = best[1]
+                        q.copy_(weights[best][n])
+            row["selected"] = best
         yield row
 
 

@@ -54,15 +54,10 @@ def check_horizon(p: KalmImagineParams, ground: KalmGroundParams, benchmark: str
     return T
 
 
-def _one_per_task(goals: Sequence[kl.Goal]) -> list[kl.Goal]:
-    seen: set[str] = set()
-    return [g for g in goals if not (g.task in seen or seen.add(g.task))]
-
-
 def level_goals(benchmark: str, level: str) -> list[kl.Goal]:
     """The goals imagined for ``level``: a test level's goals, or for ``train`` the first phrasing of each
     training task (the control)."""
-    return _one_per_task(kl.goals(benchmark, "train")) if level == "train" else kl.goals(benchmark, level)
+    return kl.one_per_task(kl.goals(benchmark, "train")) if level == "train" else kl.goals(benchmark, level)
 
 
 def rollout_schedule(goals: Sequence[kl.Goal], p: KalmImagineParams) -> list[tuple[int, int]]:
@@ -109,7 +104,7 @@ def consistency_candidates(benchmark: str, level: str) -> list[kl.Goal]:
     """One instruction per task a consistency check chooses among: the level's tasks (their first phrasing at the
     level) and every training task (its first training phrasing), so a rollout that merely replays a trained skill
     is named after that skill."""
-    return _one_per_task(level_goals(benchmark, level) + kl.goals(benchmark, "train"))
+    return kl.one_per_task(level_goals(benchmark, level) + kl.goals(benchmark, "train"))
 
 
 def consistency(model: GroundedLM, episodes: Sequence[Episode], candidates: Sequence[kl.Goal], states: int,

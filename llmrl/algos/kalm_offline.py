@@ -3,8 +3,9 @@
 Dataset: each step's input is the observation (``observations["obs"]``) followed by the frozen embedding of the
 episode's instruction (``llmrl.llm.embed.EmbeddingTable``), built through ``llmrl.data.trajectories.to_d3rlpy``,
 which flags every episode's end (d3rlpy silently drops the steps after an episode's last terminal/timeout flag).
-The mixed dataset is all real episodes plus imagined ones drawn in a seeded order (repeated when too few) until
-imagined transitions make up ``mix_ratio`` of the total (``mix_episodes``; the realised share is reported).
+The mixed dataset is all real episodes plus imagined ones drawn in a seeded order, each at most once, until imagined
+transitions make up ``mix_ratio`` of the total or none are left (``mix_episodes``; the realised share and the
+counts offered and used are reported).
 
 Training runs d3rlpy's own loop (``fitter``) with its config class from ``OfflineAlgo.d3rlpy_config()``:
 ``NoopAdapterFactory`` (no log folders), d3rlpy's structlog filtered to warnings, ``d3rlpy.seed`` and a fixed
@@ -26,7 +27,7 @@ from llmrl.data.trajectories import Episode, to_d3rlpy
 from llmrl.envs import kalm_levels as kl
 from llmrl.data.embeddings import EmbeddingTable
 
-__all__ = ["quiet_d3rlpy", "MixStats", "mix_episodes", "build_dataset", "make_learnable", "train_offline"]
+__all__ = ["quiet_d3rlpy", "MixStats", "mix_episodes", "build_dataset", "bc_algo", "make_learnable", "train_offline"]
 
 
 def quiet_d3rlpy() -> None:
@@ -40,7 +41,8 @@ def quiet_d3rlpy() -> None:
 class MixStats:
     real_steps: int
     imagined_steps: int
-    imagined_episodes: int
+    imagined_episodes: int  # used: each at most once
+    imagined_available: int = 0  # passed the imagination's filter (the episodes offered)
 
     @property
     def imagined_share(self) -> float:
@@ -50,32 +52,28 @@ class MixStats:
 
 def mix_episodes(real: Sequence[Episode], imagined: Sequence[Episode], mix_ratio: float, seed: int
                  ) -> tuple[list[Episode], MixStats]:
-    """Real episodes plus imagined ones until imagined steps are ``mix_ratio`` of all steps.
+    """Real episodes plus imagined ones, each used at most once, until imagined steps are ``mix_ratio`` of all.
 
-    Imagined episodes are taken in a seeded random order, cycling when all are used; the last one added is the
-    one that brings the share closest to ``mix_ratio``, so the realised share is within half an imagined episode's
-    length of the target. Without imagined episodes (none passed the imagination's filter) the result is the real
-    data alone, and the stats say so (0 imagined steps).
+    Imagined episodes are taken in a seeded random order; the last one added is the one that brings the share
+    closest to ``mix_ratio``, so with enough rollouts the realised share is within half an imagined episode's
+    length of the target. With too few the share falls short and the stats say by how much: repeating a handful of
+    rollouts until they make up the target share would give each of them many times the weight of a real
+    episode (the remedy is more rollouts, ``kalm.imagine.rollouts``). Without imagined episodes the result is the
+    real data alone.
     """
     if not 0 < mix_ratio < 1:
         raise ValueError(f"mix_ratio must be in (0, 1), got {mix_ratio}")
     real_steps = sum(len(e) for e in real)
-    if not imagined:
-        return list(real), MixStats(real_steps, 0, 0)
     target = mix_ratio / (1 - mix_ratio) * real_steps
-    rng = np.random.default_rng(seed)
     chosen: list[Episode] = []
     steps = 0
-    order: list[int] = []
-    while True:
-        if not order:
-            order = list(rng.permutation(len(imagined)))
-        ep = imagined[order.pop(0)]
+    for i in np.random.default_rng(seed).permutation(len(imagined)):
+        ep = imagined[int(i)]
         if abs(steps + len(ep) - target) >= abs(steps - target):
             break
         chosen.append(ep)
         steps += len(ep)
-    return list(real) + chosen, MixStats(real_steps, steps, len(chosen))
+    return list(real) + chosen, MixStats(real_steps, steps, len(chosen), len(imagined))
 
 
 def build_dataset(episodes: Sequence[Episode], table: EmbeddingTable, benchmark: str):
@@ -86,6 +84,13 @@ def build_dataset(episodes: Sequence[Episode], table: EmbeddingTable, benchmark:
     spec = kl.action_spec(benchmark)
     return to_d3rlpy(episodes, ["obs"], discrete=spec.discrete, condition=lambda ep: table.get(ep.mission),
                      action_size=spec.n)
+
+
+def bc_algo(benchmark: str, steps: int) -> OfflineAlgo:
+    """Behaviour cloning for ``benchmark`` (DiscreteBC on BabyAI, BC on Meta-World) at kalm.offline's default
+    batch size and learning rate: the reference policy trained on real data beside the grounded one (gate 0)."""
+    algo = "DiscreteBC" if kl.action_spec(benchmark).discrete else "BC"
+    return OfflineAlgo(benchmark=benchmark, algo=algo, steps=steps, config={"batch_size": 64, "learning_rate": 1e-3})
 
 
 def make_learnable(algo: OfflineAlgo, seed: int, threads: int = 1):

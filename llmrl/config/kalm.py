@@ -89,7 +89,8 @@ class KalmOfflineParams(Section):
                                  "mix_ratio (named after its data folder data/kalm/imagine, a dvc dep)")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="training seeds")
     mix_ratio: float = Field(0.5, gt=0, lt=1, description="share of imagined transitions in the real + imagined dataset "
-                             "(imagined episodes drawn in a seeded order, repeated if too few)")
+                             "at most (imagined episodes drawn in a seeded order, each at most once: with too few "
+                             "rollouts the share falls short, recorded by kalm_offline)")
     imagined_levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
                                              description="levels whose imagined rollouts feed the mixed dataset")
     threads: int = Field(1, gt=0, description="torch threads per run")
@@ -133,7 +134,12 @@ class KalmGroundParams(Section):
     benchmarks: list[BenchmarkName] = Field(default_factory=lambda: ["metaworld", "babyai"], min_length=1,
                                             description="one grounded model per benchmark (observation sizes differ)")
     lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter (None: full fine-tune)")
-    trajectory_samples: int = Field(600, ge=0, description="instruction -> trajectory samples per benchmark")
+    trajectory_samples: int = Field(600, ge=0, description="instruction -> trajectory samples per benchmark (drawn "
+                                    "windows; ignored when all_transitions)")
+    all_transitions: bool = Field(False, description="the trajectory pattern tiles every real episode into "
+                                  "consecutive windows of `window` steps, so every real transition is trained on "
+                                  "once per epoch (the original trains on every trajectory); False: "
+                                  "trajectory_samples windows drawn at random")
     dynamics_samples: int = Field(600, ge=0, description="(s, a) -> s' samples per benchmark")
     goal_samples: int = Field(300, ge=0, description="(s0, instruction) -> final state samples per benchmark")
     reverse_samples: int = Field(300, ge=0, description="trajectory -> instruction samples per benchmark")
@@ -148,8 +154,10 @@ class KalmGroundParams(Section):
                                  "bounded when it varies later (llmrl.llm.grounded.observation_scale)")
     epochs: float = Field(2.0, gt=0, description="passes over the patterns' samples (updates = epochs x samples / "
                           "batch_size, rounded up)")
-    eval_every: int = Field(0, ge=0, description="measure the held-out loss (validation episodes) every this many "
-                            "updates and after the last, and keep the weights where it was lowest; 0: keep the "
+    eval_every: int = Field(0, ge=0, description="measure the held-out action and observation losses (validation "
+                            "episodes relabelled with training phrasings) every this many updates and after the "
+                            "last, and keep the weights where obs_weight x L_obs + act_weight x L_act was lowest "
+                            "(the token loss on unseen phrasings is reported, never the selector); 0: keep the "
                             "last weights")
     batch_size: int = Field(16, gt=0, description="sequences per update")
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate (LoRA, projections and heads)")
@@ -162,9 +170,26 @@ class KalmGroundParams(Section):
                                 "runs under torch.autocast): auto = bf16 where the device computes it natively "
                                 "(CUDA with bf16; a CPU with AVX-512-BF16/AMX when LLMRL_PIN_KERNELS=0), else fp32; "
                                 "recorded in the metrics")
-    seed: int = Field(0, ge=0, description="seed of sampling, initialisation and batch order")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="grounding seeds (sampling, "
+                             "initialisation, batch order), trained one after another; the first seed's model is "
+                             "the one saved for imagination and evaluation, every seed's gate 0 is recorded")
+    gate_episodes: int = Field(0, ge=0, description="gate 0: closed-loop episodes per grounding seed and row "
+                               "(grounded model, random actions, BC), at least, on the training goals (one "
+                               "phrasing per task, every task equally) from validation starts in the real "
+                               "simulator; 0: no gate")
+    gate_seed: int = Field(10_000, ge=0, description="first gate-0 episode seed (must lie in the validation "
+                           "initial-state range, llmrl.envs.kalm_levels.START_SPLITS)")
+    gate_bc_steps: int = Field(2000, gt=0, description="updates of gate 0's BC reference (d3rlpy BC / DiscreteBC, "
+                               "batch 64, lr 1e-3) on the grounding's real data, one run per grounding seed")
     threads: int = Field(1, gt=0, description="torch threads")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct")
+        return v
 
 
 class KalmImagineParams(Section):

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
-from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
+from minigrid.core.constants import COLOR_TO_IDX, DIR_TO_VEC, OBJECT_TO_IDX, STATE_TO_IDX
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
 
 __all__ = ["OBS_DIM", "N_ACTIONS", "COLOURS", "OBJECT_TYPES", "FRONT_CELL", "AGENT_CELL", "BadTaskError",
-           "parse_task", "cell_holds", "obs_fields", "make_babyai_env"]
+           "parse_task", "cell_holds", "obs_fields", "make_babyai_env", "MAX_OBJECTS", "compact_dim",
+           "compact_fields", "compact_state", "read_compact", "compact_success"]
 
 VIEW = 7
 OBS_DIM = VIEW * VIEW * 3 + 4
@@ -173,3 +174,91 @@ def make_babyai_env(task: str, instruction: str, seed: int | None = None, *, roo
     if seed is not None:
         env.reset(seed=seed)
     return env
+
+
+# ---- the compact state: what CLEVR-Robot's object vector is to KALM -------------------------------------------------
+# Layout (every dim one categorical "index" field): agent x, y, direction; carried object's type and colour (type 0:
+# nothing); then MAX_OBJECTS slots of (type, colour, state, x, y), the room's objects in placement order, then its
+# doors (type 0: empty slot; x = y = 0: off the grid, i.e. carried: walls fill row and column 0, so no object sits
+# there). Exact and absolute where the egocentric view is rewritten on every turn: a step changes a few fields.
+MAX_OBJECTS = 8
+_AGENT, _SLOT = 5, 5
+
+
+def compact_dim() -> int:
+    return _AGENT + _SLOT * MAX_OBJECTS
+
+
+def compact_fields(room_size: int) -> list[tuple[int, int, str]]:
+    """The compact state's categorical fields (first dim, classes, "index") for a room of ``room_size`` cells."""
+    n_types, n_colours, n_states = len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX)
+    fields = [(0, room_size, "index"), (1, room_size, "index"), (2, 4, "index"), (3, n_types, "index"),
+              (4, n_colours, "index")]
+    for k in range(MAX_OBJECTS):
+        base = _AGENT + _SLOT * k
+        fields += [(base, n_types, "index"), (base + 1, n_colours, "index"), (base + 2, n_states, "index"),
+                   (base + 3, room_size, "index"), (base + 4, room_size, "index")]
+    return fields
+
+
+def _door_state(obj) -> int:
+    if obj.type != "door":
+        return 0
+    return STATE_TO_IDX["locked" if obj.is_locked else "open" if obj.is_open else "closed"]
+
+
+def compact_state(env) -> np.ndarray:
+    """The compact state of a ``KalmBabyAILevel`` (or a wrapper of one) now: float32 [compact_dim()]."""
+    level = env.unwrapped
+    room = level.room_grid[0][0]
+    objects = list(room.objs) + [d for d in room.doors if d is not None]
+    if len(objects) > MAX_OBJECTS:
+        raise ValueError(f"compact_state: {len(objects)} objects, at most MAX_OBJECTS = {MAX_OBJECTS} fit "
+                         "(lower kalm.env.babyai_num_distractors)")
+    out = np.zeros(compact_dim(), np.float32)
+    out[:3] = (*level.agent_pos, level.agent_dir)
+    if level.carrying is not None:
+        out[3:5] = OBJECT_TO_IDX[level.carrying.type], COLOR_TO_IDX[level.carrying.color]
+    for k, obj in enumerate(objects):
+        base = _AGENT + _SLOT * k
+        pos = obj.cur_pos if obj.cur_pos is not None and obj is not level.carrying else (0, 0)
+        out[base:base + _SLOT] = (OBJECT_TO_IDX[obj.type], COLOR_TO_IDX[obj.color], _door_state(obj), *pos)
+    return out
+
+
+_IDX_TO_OBJECT = {v: k for k, v in OBJECT_TO_IDX.items()}
+_IDX_TO_COLOUR = {v: k for k, v in COLOR_TO_IDX.items()}
+_IDX_TO_STATE = {v: k for k, v in STATE_TO_IDX.items()}
+
+
+def read_compact(state: np.ndarray) -> dict:
+    """The compact state's fields by name: agent (x, y, direction), carrying (type, colour) or None, and objects
+    [(type, colour, door state or None, (x, y) or None when carried)]."""
+    v = np.asarray(state).round().astype(int)
+    if v.shape != (compact_dim(),):
+        raise ValueError(f"read_compact: shape {v.shape}, the compact state has {compact_dim()} dims")
+    objects = []
+    for k in range(MAX_OBJECTS):
+        t, c, st, x, y = v[_AGENT + _SLOT * k:_AGENT + _SLOT * (k + 1)]
+        if t == 0:
+            continue
+        kind = _IDX_TO_OBJECT[t]
+        objects.append((kind, _IDX_TO_COLOUR[c], _IDX_TO_STATE[st] if kind == "door" else None,
+                        None if (x, y) == (0, 0) else (int(x), int(y))))
+    carrying = (_IDX_TO_OBJECT[v[3]], _IDX_TO_COLOUR[v[4]]) if v[3] else None
+    return {"agent": (int(v[0]), int(v[1]), int(v[2])), "carrying": carrying, "objects": objects}
+
+
+def compact_success(task: str, state: np.ndarray) -> bool:
+    """The task's success rule on a compact state: go-to, a matching object in the cell the agent faces;
+    pick-up, carrying a matching object; pick-up then go-to, both (BabyAI's verifier's conditions)."""
+    fields = read_compact(state)
+    x, y, d = fields["agent"]
+    front = (x + int(DIR_TO_VEC[d][0]), y + int(DIR_TO_VEC[d][1]))
+    ok = True
+    for verb, colour, kind in parse_task(task):
+        if verb == "pickup":
+            ok = ok and fields["carrying"] == (kind, colour)
+        else:
+            ok = ok and any(o[:2] == (kind, colour) and o[3] == front for o in fields["objects"])
+    return bool(ok)

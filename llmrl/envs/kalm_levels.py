@@ -58,7 +58,7 @@ from llmrl.envs import metaworld_tasks as mw
 __all__ = ["BENCHMARKS", "LEVELS", "SPLITS", "UnknownLevelError", "ObservationSizeError", "Goal", "ActionSpec",
            "METAWORLD_TRAIN_TASKS", "METAWORLD_EASY_TASKS", "METAWORLD_PHRASINGS", "all_goals", "goals", "obs_dim",
            "obs_fields", "action_spec", "StartSplit", "START_SPLITS", "start_split", "check_seed_range",
-           "metaworld_variation", "per_goal", "goal_schedule", "EnvSettings", "make_goal_env", "GoalEnvPool", "check_obs",
+           "metaworld_variation", "per_goal", "goal_schedule", "one_per_task", "obs_copies", "EnvSettings", "make_goal_env", "GoalEnvPool", "check_obs",
            "obs_success", "label_rewards"]
 
 BENCHMARKS = ("metaworld", "babyai")
@@ -296,6 +296,17 @@ def obs_fields(benchmark: str) -> list[tuple[int, int, str]]:
     return [] if benchmark == "metaworld" else bab.obs_fields()
 
 
+def obs_copies(benchmark: str) -> list[tuple[int, int]]:
+    """(dim of s', dim of s) pairs a step copies exactly. Meta-World: the previous-frame block [18:36] of s' is
+    [0:18] of s, and the goal [36:39] stays (within a single-stage task: the composed two-stage tasks change their
+    goal at the stage switch, which a copy cannot follow; they are test goals only). BabyAI: none."""
+    if benchmark not in BENCHMARKS:
+        raise UnknownLevelError(f"benchmark {benchmark!r}: known are {list(BENCHMARKS)}")
+    if benchmark == "babyai":
+        return []
+    return [(mw.FRAME + i, i) for i in range(mw.FRAME)] + [(g, g) for g in mw.GOAL]
+
+
 def action_spec(benchmark: str) -> ActionSpec:
     if benchmark not in BENCHMARKS:
         raise UnknownLevelError(f"benchmark {benchmark!r}: known are {list(BENCHMARKS)}")
@@ -356,6 +367,12 @@ def goal_schedule(n_goals: int, per_goal: int, first_seed: int) -> list[tuple[in
     """(goal index, episode seed) for ``per_goal`` episodes of each of ``n_goals`` goals: round k plays every goal
     once, episode j = k * n_goals + g has seed ``first_seed + j`` (every goal played equally, seeds distinct)."""
     return [(g, first_seed + k * n_goals + g) for k in range(per_goal) for g in range(n_goals)]
+
+
+def one_per_task(goals: Sequence[Goal]) -> list[Goal]:
+    """The first goal of each task, in order (one phrasing per task)."""
+    seen: set[str] = set()
+    return [g for g in goals if not (g.task in seen or seen.add(g.task))]
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["OBS_DIM", "ACTION_DIM", "UnknownTaskError", "make_task_env", "ScriptedPolicy"]
+__all__ = ["OBS_DIM", "ACTION_DIM", "FRAME", "GOAL", "UnknownTaskError", "make_task_env", "ScriptedPolicy"]
 
 OBS_DIM = 39
 ACTION_DIM = 4
+FRAME = 18  # hand, gripper and two objects' poses: [0:18] now, [18:36] the frame before
+GOAL = (36, 37, 38)
 N_VARIATIONS = 50
 
 #: KALM's composed hard tasks: name -> (first stage, second stage), metaworld names without "-v3".

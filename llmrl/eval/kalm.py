@@ -13,9 +13,14 @@ records its success per goal.
 
 Imagined rollouts (``llmrl.algos.kalm_imagine``) are measured here too, as a diagnostic only: ``rollout_quality``
 replays each imagined action sequence open-loop in the real env from the same seed and reports the env's own
-success of the replay and the per-step error between imagined and simulated states against the step index, for all
-rollouts and for the consistent ones, beside the success of as many uniformly random actions from the same starts
+success of the replay and the per-step error between imagined and simulated states against the step index (beside
+the error of copying the real initial state, ``copy_mae``), for all rollouts and for the consistent ones, beside the success of as many uniformly random actions from the same starts
 (the reference the replay must beat: ``imagines`` says whether the replay's interval clears the random one's).
+
+Gate 0, before any imagination (``gate_goals``, ``closed_loop``, ``gate0``): the grounded model acting as a policy
+in the real simulator on the *training* goals (one phrasing per task) from *validation* starts, beside random
+actions and BC trained on the same real data from the same starts. An imagined rollout is this policy's actions
+through this model's dynamics: if the policy does not beat random actions on real states, no imagined rollout can.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from llmrl.envs import kalm_levels as kl
 from llmrl.eval.stats import compare_intervals, wilson_interval
 
 __all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
-           "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality"]
+           "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality", "gate_goals", "closed_loop",
+           "success_summary", "gate0"]
 
 # act(obs [n, d], goal indices [n], episode indices [n]) -> actions [n, ...]
 BatchAct = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -124,22 +130,25 @@ class ReplayResult:
     success: bool  # the env's own checker during the open-loop replay
     mae: list[float]  # per step: mean |imagined s_{t+1} - simulated s_{t+1}| over dimensions
     l2: list[float]  # per step: ||imagined - simulated||_2
+    copy_mae: list[float]  # per step: mean |s_0 - simulated s_{t+1}|: the last real state copied, the baseline
 
 
 def replay(episode: Episode, goal: kl.Goal, envs: kl.GoalEnvPool, actions=None) -> ReplayResult:
     """Replay the imagined actions (or ``actions`` instead) open-loop in the real env from the episode's seed."""
     env, obs = envs.reset(goal, episode.seed)
-    success, mae, l2 = False, [], []
+    start = np.asarray(obs, np.float32)
+    success, mae, l2, copy = False, [], [], []
     imagined = episode.observations["next_obs"]
     for t, a in enumerate(episode.actions if actions is None else actions):
         obs, _r, terminated, truncated, info = env.step(int(a) if np.ndim(a) == 0 else np.asarray(a, np.float32))
         diff = np.asarray(obs, np.float32) - imagined[t]
         mae.append(float(np.abs(diff).mean()))
         l2.append(float(np.linalg.norm(diff)))
+        copy.append(float(np.abs(np.asarray(obs, np.float32) - start).mean()))
         success = success or bool(info.get("success", False))
         if terminated or truncated:
             break
-    return ReplayResult(success, mae, l2)
+    return ReplayResult(success, mae, l2, copy)
 
 
 def _rate(flags: Sequence[bool]) -> float | None:
@@ -168,6 +177,7 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
     """
     rows, succ, rule, maes, l2s, rand = [], [], [], [], [], []
     by_step: dict[int, list[float]] = {}
+    copy_by_step: dict[int, list[float]] = {}
     with kl.GoalEnvPool(settings) as envs:
         for i, ep in enumerate(episodes):
             r = replay(ep, goals[i], envs)
@@ -176,8 +186,9 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
             rule.append(bool(ep.terminated[-1]))
             maes.extend(r.mae)
             l2s.extend(r.l2)
-            for t, v in enumerate(r.mae):
+            for t, (v, c) in enumerate(zip(r.mae, r.copy_mae)):
                 by_step.setdefault(t, []).append(v)
+                copy_by_step.setdefault(t, []).append(c)
             rows.append({"task": goals[i].task, "instruction": ep.mission, "seed": ep.seed, "length": len(ep),
                          "imagined_success": bool(ep.terminated[-1]), "replay_success": r.success,
                          "consistent": None if consistent is None else bool(consistent[i]),
@@ -185,7 +196,9 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
                          "mae_first": round(r.mae[0], 5) if r.mae else None,
                          "mae_last": round(r.mae[-1], 5) if r.mae else None})
     n = len(episodes)
-    curve = [{"step": t + 1, "mae": round(float(np.mean(v)), 5), "rollouts": len(v)} for t, v in sorted(by_step.items())]
+    curve = [{"step": t + 1, "mae": round(float(np.mean(v)), 5),
+              "copy_mae": round(float(np.mean(copy_by_step[t])), 5), "rollouts": len(v)}
+             for t, v in sorted(by_step.items())]
     replay_ci, random_ci = _wilson(succ), _wilson(rand)
     summary = {
         "rollouts": n,
@@ -200,6 +213,8 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
         "step_l2": round(float(np.mean(l2s)), 5) if l2s else None,
         "first_step_mae": curve[0]["mae"] if curve else None,
         "last_step_mae": curve[-1]["mae"] if curve else None,
+        "first_step_copy_mae": curve[0]["copy_mae"] if curve else None,
+        "last_step_copy_mae": curve[-1]["copy_mae"] if curve else None,
         "mean_length": round(float(np.mean([len(e) for e in episodes])), 2) if n else None,
     }
     if consistent is not None:
@@ -209,6 +224,55 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
                     "replay_success_consistent": _rate([succ[i] for i in kept])}
     return summary, rows, curve
 
+
+
+def gate_goals(benchmark: str) -> list[kl.Goal]:
+    """Gate 0's goals: the first training phrasing of each training task (goals the model was grounded on)."""
+    return kl.one_per_task(kl.goals(benchmark, "train"))
+
+
+def closed_loop(rows: dict[str, BatchAct], goals: Sequence[kl.Goal], settings: kl.EnvSettings, episodes: int,
+                first_seed: int, what: str = "kalm.ground.gate_seed") -> dict[str, list[EpisodeOutcome]]:
+    """Each row's episodes in the real simulator on ``goals`` from *validation* starts: at least ``episodes``, every
+    goal equally (``run_level``; the same goals and starts for every row). ``ValueError`` naming ``what`` when the
+    seeds would leave the validation range."""
+    if episodes <= 0:
+        raise ValueError(f"closed_loop: episodes must be > 0, got {episodes}")
+    per = kl.per_goal(len(goals), episodes)
+    kl.check_seed_range("validation", first_seed, len(goals) * per, what)
+    with kl.GoalEnvPool(settings) as pool:
+        return {name: run_level(act, goals, pool, per, first_seed) for name, act in rows.items()}
+
+
+def success_summary(flags: Sequence[bool], confidence: float = 0.95) -> dict:
+    """Success rate, its Wilson interval and the episode count of pooled 0/1 outcomes."""
+    flags = [bool(f) for f in flags]
+    if not flags:
+        raise ValueError("success_summary: no episodes")
+    low, high = wilson_interval(sum(flags), len(flags), confidence)
+    return {"success": round(float(np.mean(flags)), 4), "ci_low": round(low, 4), "ci_high": round(high, 4),
+            "episodes": len(flags)}
+
+
+def gate0(grounded: Sequence[Sequence[bool]], random: Sequence[bool], confidence: float = 0.95) -> dict:
+    """Gate 0's verdict: does the grounded policy act clearly above random actions on real states?
+
+    ``grounded``: one list of episode successes per grounding seed; ``random``: random actions' successes from the
+    same goals and starts. Passes when the Wilson interval of the grounded episodes (pooled over seeds) lies wholly
+    above random's: the rule of gate 1 (``rollout_quality``'s ``imagines``) and of the page's claims
+    (``compare_intervals``), so both gates read alike. A paired test (McNemar, the starts are shared) would pass
+    smaller gaps; "clearly above" asks for separated intervals. Each seed's verdict by the same rule is recorded:
+    imagination from a seed that fails alone says nothing about KALM either."""
+    if not grounded or any(len(s) == 0 for s in grounded):
+        raise ValueError("gate0: grounded needs at least one seed with episodes")
+    if not random:
+        raise ValueError("gate0: random needs episodes")
+    rand = success_summary(random, confidence)
+    pooled = success_summary([f for s in grounded for f in s], confidence)
+    per_seed = [success_summary(s, confidence) for s in grounded]
+    return {"passed": compare_intervals(pooled, rand) == "higher", "grounded": pooled, "random": rand,
+            "per_seed": [{**s, "passed": compare_intervals(s, rand) == "higher"} for s in per_seed],
+            "rule": "grounded Wilson lower bound > random Wilson upper bound", "confidence": confidence}
 
 
 def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path]], table, levels: Sequence[str],

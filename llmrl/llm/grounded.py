@@ -62,6 +62,8 @@ class GroundingSpec:
     obs_mean: list[float] = field(default_factory=list)
     obs_std: list[float] = field(default_factory=list)  # the scale continuous dims are divided by (floored)
     obs_fields: list[list] = field(default_factory=list)  # categorical fields [first dim, classes, kind]
+    obs_delta: bool = False  # continuous dims predicted as (next - current) / scale, not absolute
+    obs_copy: list[list[int]] = field(default_factory=list)  # [dim of s', dim of s]: copied, never predicted
 
 
 def observation_scale(observations: np.ndarray, floor: float) -> tuple[list[float], list[float]]:
@@ -81,6 +83,12 @@ class ObsCodec(nn.Module):
     Features: the continuous dims (every dim no categorical field covers), normalised, then each categorical field
     as a one-hot block. ``encode`` builds inputs, ``loss`` scores head outputs against observations (MSE on the
     normalised continuous dims + mean cross-entropy over fields), ``decode`` turns head outputs into observations.
+
+    Head outputs cover the *predicted* features: continuous dims not in ``spec.obs_copy`` (those are the current
+    state's, e.g. Meta-World's previous-frame block and goal), then the categorical blocks. With ``spec.obs_delta``
+    a continuous output is (next - current) / scale: a Meta-World hand moves ~0.01 a step, far below what an
+    absolute regression resolves. ``loss`` and ``decode`` then need the current state (the last state before the
+    predicted one).
     """
 
     def __init__(self, spec: GroundingSpec):
@@ -99,27 +107,51 @@ class ObsCodec(nn.Module):
             groups.setdefault((int(classes), kind), []).append(int(start))
         cont = [i for i in range(d) if i not in covered]
         self.register_buffer("cont", torch.tensor(cont, dtype=torch.long), persistent=False)
+        copies = [(int(t), int(src)) for t, src in spec.obs_copy]
+        if any(t not in cont or not 0 <= src < d for t, src in copies) or len({t for t, _ in copies}) != len(copies):
+            raise ValueError(f"obs_copy: {spec.obs_copy} must map distinct continuous dims of s' to dims of s "
+                             f"(< {d})")
+        copied = {t for t, _ in copies}
+        pred = [i for i in cont if i not in copied]
+        self.register_buffer("pred", torch.tensor(pred, dtype=torch.long), persistent=False)
+        self.register_buffer("copy_to", torch.tensor([t for t, _ in copies], dtype=torch.long), persistent=False)
+        self.register_buffer("copy_from", torch.tensor([src for _, src in copies], dtype=torch.long),
+                             persistent=False)
+        self.delta = bool(spec.obs_delta)
         mean = torch.tensor(spec.obs_mean, dtype=torch.float32) if spec.obs_mean else torch.zeros(d)
         scale = torch.tensor(spec.obs_std, dtype=torch.float32) if spec.obs_std else torch.ones(d)
         self.register_buffer("mean", mean)
         self.register_buffer("scale", scale.clamp_min(1e-6))
-        offset = len(cont)
+        offset, out = len(cont), len(pred)
         self.groups: list[tuple[int, str]] = []
         for i, ((classes, kind), starts) in enumerate(sorted(groups.items())):
             n = len(starts)
+            block = torch.arange(n * classes).reshape(n, classes)
             self.register_buffer(f"starts_{i}", torch.tensor(starts, dtype=torch.long), persistent=False)
-            self.register_buffer(f"feat_{i}", offset + torch.arange(n * classes).reshape(n, classes), persistent=False)
+            self.register_buffer(f"feat_{i}", offset + block, persistent=False)
+            self.register_buffer(f"out_{i}", out + block, persistent=False)
             self.groups.append((classes, kind))
             offset += n * classes
-        self.features = offset
+            out += n * classes
+        self.features = offset  # input width
+        self.out_features = out  # head width
 
     @property
     def categorical(self) -> bool:
         return bool(self.groups)
 
-    def _group(self, i: int) -> tuple[int, str, torch.Tensor, torch.Tensor]:
+    @property
+    def needs_current(self) -> bool:
+        return self.delta or len(self.copy_to) > 0
+
+    def _group(self, i: int, output: bool = False) -> tuple[int, str, torch.Tensor, torch.Tensor]:
         classes, kind = self.groups[i]
-        return classes, kind, getattr(self, f"starts_{i}"), getattr(self, f"feat_{i}")
+        return classes, kind, getattr(self, f"starts_{i}"), getattr(self, f"{'out' if output else 'feat'}_{i}")
+
+    def _current(self, current: torch.Tensor | None) -> torch.Tensor | None:
+        if self.needs_current and current is None:
+            raise ValueError("ObsCodec: this codec predicts changes or copies dims, so it needs the current state")
+        return current
 
     def _classes(self, obs: torch.Tensor, i: int) -> torch.Tensor:
         """Class index of every field of group i: [..., n_fields]."""
@@ -137,16 +169,23 @@ class ObsCodec(nn.Module):
             feats[..., idx] = nn.functional.one_hot(self._classes(obs, i), classes).to(feats.dtype)
         return feats
 
-    def loss(self, pred: torch.Tensor, target_obs: torch.Tensor) -> torch.Tensor:
-        """MSE on the normalised continuous dims plus the mean cross-entropy over categorical fields."""
+    def _pred_targets(self, target_obs: torch.Tensor, current: torch.Tensor | None) -> torch.Tensor:
+        """What the head's continuous outputs should be for ``target_obs``."""
+        dims = self.pred
+        if self.delta:
+            return (target_obs[..., dims] - current[..., dims]) / self.scale[dims]
+        return (target_obs[..., dims] - self.mean[dims]) / self.scale[dims]
+
+    def loss(self, pred: torch.Tensor, target_obs: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:
+        """MSE on the predicted continuous features plus the mean cross-entropy over categorical fields."""
+        current = self._current(current)
         total = pred.new_zeros(())
-        if len(self.cont):
-            norm = (target_obs[..., self.cont] - self.mean[self.cont]) / self.scale[self.cont]
-            total = total + nn.functional.mse_loss(pred[..., : len(self.cont)], norm)
+        if len(self.pred):
+            total = total + nn.functional.mse_loss(pred[..., : len(self.pred)], self._pred_targets(target_obs, current))
         if self.groups:
             ce, fields = pred.new_zeros(()), 0
             for i in range(len(self.groups)):
-                classes, _kind, _starts, idx = self._group(i)
+                classes, _kind, _starts, idx = self._group(i, output=True)
                 logits = pred[..., idx]  # [N, n_fields, classes]
                 ce = ce + nn.functional.cross_entropy(logits.reshape(-1, classes),
                                                       self._classes(target_obs, i).reshape(-1), reduction="sum")
@@ -160,17 +199,23 @@ class ObsCodec(nn.Module):
             return pred.new_tensor(float("nan"))
         hits, n = 0.0, 0
         for i in range(len(self.groups)):
-            _classes, _kind, _starts, idx = self._group(i)
+            _classes, _kind, _starts, idx = self._group(i, output=True)
             ok = pred[..., idx].argmax(-1) == self._classes(target_obs, i)
             hits, n = hits + float(ok.sum()), n + ok.numel()
         return pred.new_tensor(hits / n)
 
-    def decode(self, pred: torch.Tensor) -> torch.Tensor:
+    def decode(self, pred: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:
+        """Head outputs -> observations (the current state supplies copied dims and the base of changes)."""
+        current = self._current(current)
         obs = pred.new_zeros((*pred.shape[:-1], self.mean.shape[0]))
-        if len(self.cont):
-            obs[..., self.cont] = pred[..., : len(self.cont)] * self.scale[self.cont] + self.mean[self.cont]
+        dims = self.pred
+        if len(dims):
+            z = pred[..., : len(dims)] * self.scale[dims]
+            obs[..., dims] = current[..., dims] + z if self.delta else z + self.mean[dims]
+        if len(self.copy_to):
+            obs[..., self.copy_to] = current[..., self.copy_from].to(obs.dtype)
         for i in range(len(self.groups)):
-            classes, kind, starts, idx = self._group(i)
+            classes, kind, starts, idx = self._group(i, output=True)
             cls = pred[..., idx].argmax(-1)
             if kind == "index":
                 obs[..., starts] = cls.to(obs.dtype)
@@ -178,6 +223,17 @@ class ObsCodec(nn.Module):
                 obs[..., starts[:, None] + torch.arange(classes, device=obs.device)] = \
                     nn.functional.one_hot(cls, classes).to(obs.dtype)
         return obs
+
+    def target_features(self, target_obs: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:
+        """The head output that decodes exactly to ``target_obs`` (categorical blocks as one-hot logits of 1)."""
+        current = self._current(current)
+        out = target_obs.new_zeros((*target_obs.shape[:-1], self.out_features))
+        if len(self.pred):
+            out[..., : len(self.pred)] = self._pred_targets(target_obs, current)
+        for i in range(len(self.groups)):
+            classes, _kind, _starts, idx = self._group(i, output=True)
+            out[..., idx] = nn.functional.one_hot(self._classes(target_obs, i), classes).to(out.dtype)
+        return out
 
 
 @dataclass
@@ -299,7 +355,7 @@ class GroundedLM(nn.Module):
         self.token_embed = base.get_input_embeddings()
         H = base.config.hidden_size
         self.codec = ObsCodec(spec).to(llm.device)
-        self.io = NumericIO(self.codec.features, spec.action_dim, spec.discrete, H)
+        self.io = NumericIO(self.codec.features, spec.action_dim, spec.discrete, H, obs_out=self.codec.out_features)
         self.grounding_modules().to(device=llm.device, dtype=torch.float32)
 
     # ---- parts ---------------------------------------------------------------------------------------------
@@ -349,6 +405,15 @@ class GroundedLM(nn.Module):
                             past_key_values=past, use_cache=past is not None)
         return out.last_hidden_state, (out.past_key_values if past is not None else None)
 
+    @staticmethod
+    def _current_states(b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, L - 1, d]: for each position 1 .. L - 1, the observation at the last STATE placeholder before it
+        (the state a predicted state follows: s_t for s_{t+1}, s for s', s_0 for the final state)."""
+        L = b["kind"].shape[1]
+        pos = torch.arange(L, device=b["kind"].device).expand_as(b["kind"])
+        last = torch.where(b["kind"] == STATE, pos, torch.zeros_like(pos)).cummax(1).values[:, :-1]
+        return b["obs"].gather(1, last.unsqueeze(-1).expand(-1, -1, b["obs"].shape[-1]))
+
     # ---- training --------------------------------------------------------------------------------------------
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """obs_loss (``ObsCodec.loss``), act_loss (MSE or CE), token_loss (CE); zero where a batch has none;
@@ -362,7 +427,7 @@ class GroundedLM(nn.Module):
         if o_mask.any():
             pred = self.io.obs_head(h_prev[o_mask].float())
             target = b["obs"][:, 1:][o_mask]
-            losses["obs_loss"] = self.codec.loss(pred, target)
+            losses["obs_loss"] = self.codec.loss(pred, target, self._current_states(b)[o_mask])
             if self.codec.categorical:
                 losses["obs_accuracy"] = self.codec.accuracy(pred.detach(), target)
         else:
@@ -422,13 +487,14 @@ class GroundedLM(nn.Module):
         acts, nexts = [], []
         lengths = np.full(B, steps, np.int64)
         done = np.zeros(B, bool)
+        current = b["obs"][:, -1].float()  # s_0: every prompt ends with its state (left padding)
         for t in range(steps):
             a = self._action_out(h[:, -1], greedy, temperature, generator)
             e_a = self.step_embeds(B, action=a)
             mask = torch.cat([mask, ones], 1)
             all_embeds = torch.cat([all_embeds, e_a], 1)
             h, past = self._run(e_a if reuse_cache else all_embeds, mask, past, reuse_cache)
-            s_next = self.codec.decode(self.io.obs_head(h[:, -1].float()))
+            s_next = current = self.codec.decode(self.io.obs_head(h[:, -1].float()), current)
             acts.append(a.cpu().numpy())
             nexts.append(s_next.cpu().numpy())
             if stop is not None:
@@ -472,6 +538,23 @@ class GroundedLM(nn.Module):
         inputs = torch.cat([h[:, -1:].expand(K, 1, -1), hc[:, :-1]], 1)  # position i predicts continuation token i
         logp = torch.log_softmax(self.lm_head(inputs).float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         return ((logp * cmask).sum(1) / cmask.sum(1)).cpu().numpy()
+
+    @torch.no_grad()
+    def predict_next(self, obs: np.ndarray, actions: np.ndarray, batch_size: int = 64) -> np.ndarray:
+        """The dynamics pattern's one-step prediction of s' for each (s, a) (``Predict the next state: # s @ a ^``),
+        teacher-forced from real states: [N, d]."""
+        self.eval()
+        dev = self.llm.device
+        out = []
+        for lo in range(0, len(obs), batch_size):
+            seqs = [self.builder.text("Predict the next state:").state(o).action(a)
+                    .state(np.zeros_like(o), marker="target").build()
+                    for o, a in zip(obs[lo:lo + batch_size], actions[lo:lo + batch_size], strict=True)]
+            b = {k: v.to(dev) for k, v in collate(seqs, self.llm.tokenizer.pad_token_id, left=True).items()}
+            h = self.hidden(self.embed(b["ids"], b["kind"], b["obs"], b["act"]), b["mask"])[0]
+            # the target placeholder is last: its state is predicted at the action before it
+            out.append(self.codec.decode(self.io.obs_head(h[:, -2].float()), b["obs"][:, -3].float()).cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.spec.obs_dim), np.float32)
 
     def _run(self, embeds, mask, past, reuse_cache):
         if reuse_cache:

@@ -23,12 +23,13 @@ class NumericIO(nn.Module):
     features -> hidden), an action projection (an embedding table for discrete actions, a linear map otherwise), a
     LayerNorm on the projected inputs, and observation / action heads (hidden -> observation features,
     hidden -> action_dim). ``obs_features`` is the width of the encoded observation (normalised continuous dims
-    and one-hot categorical fields, ``llmrl.llm.grounded.ObsCodec``)."""
+    and one-hot categorical fields, ``llmrl.llm.grounded.ObsCodec``); ``obs_out`` the observation head's width
+    (the predicted features: dims copied from the last state are not predicted), ``obs_features`` by default."""
 
-    def __init__(self, obs_features: int, action_dim: int, discrete: bool, hidden: int):
+    def __init__(self, obs_features: int, action_dim: int, discrete: bool, hidden: int, obs_out: int | None = None):
         super().__init__()
         self.state_proj = nn.Linear(obs_features, hidden)
         self.action_proj = nn.Embedding(action_dim, hidden) if discrete else nn.Linear(action_dim, hidden)
         self.embed_ln = nn.LayerNorm(hidden)
-        self.obs_head = nn.Linear(hidden, obs_features)
+        self.obs_head = nn.Linear(hidden, obs_features if obs_out is None else obs_out)
         self.act_head = nn.Linear(hidden, action_dim)
