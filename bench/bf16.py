@@ -1,4 +1,4 @@
-"""Benchmark: bf16 autocast against fp32 on the CPU, for the embedded SmolLM2-135M (issue 12, item 1).
+"""Benchmark: bf16 autocast against fp32 on the CPU, for the embedded SmolLM2-135M.
 
 Same process, same model, same inputs: (a) a forward pass over 8 x 200 tokens, (b) forward + backward of the LM
 loss on them, (c) ``llmrl.llm.score`` of GLAM's six action strings after eight BabyAI prompts (KV cache reused),

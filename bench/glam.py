@@ -3,7 +3,7 @@
 One PPO update of ``llmrl.algos.ppo_llm.train`` on BabyAI-Text-GoToObjS4 with the embedded SmolLM2-135M
 (models/base_llm if the base_llm stage ran, else ``embedded:smollm2-135m-instruct``), GLAM's scoring head.
 
-- "trunk" vs "kv" (issue 12, item 2), at the CPU default the issue measured (4 envs x 4 frames, 2 epochs): "kv"
+- "trunk" vs "kv", at the CPU default when the target was set (4 envs x 4 frames, 2 epochs): "kv"
   is the issue's path, LoRA on every layer and the whole LLM re-run in every epoch; "trunk" puts LoRA on the
   top ``TRUNK_TOP`` layers and runs only those in the epochs, on the frozen layers' outputs captured while
   acting (``llmrl.llm.score``). Target: >= 5x.
@@ -15,7 +15,7 @@ One PPO update of ``llmrl.algos.ppo_llm.train`` on BabyAI-Text-GoToObjS4 with th
   prompt) computed once per batch and kept through a rollout (``score_tensors(share_prefix=True)``) vs every row's
   whole prompt. No target: it measures what the default gains.
 
-- fp32 vs bf16 (issue 12, item 1): "trunk" and "kv" at the CPU default again with ``dtype="bfloat16"``, run on
+- fp32 vs bf16: "trunk" and "kv" at the CPU default again with ``dtype="bfloat16"``, run on
   the CPU's own kernels (bf16 needs them; the stages pin AVX2, llmrl/kernels.py), where the CPU has native bf16.
 
 Each run is its own subprocess, so its peak RSS is its own; the default-setting runs are repeated ``REPEATS``
@@ -98,7 +98,7 @@ class _IdsTokenizer:
 
 
 SMALL = dict(n_envs=2, frames_per_env=3, updates=1, epochs=1, minibatch_size=6, micro_batch=3, lr=1e-4, max_steps=6)
-# GLAM's CPU default when issue 12 set the target (4 envs x 4 frames); the default now trains 18 updates of
+# GLAM's CPU default when the target was set (4 envs x 4 frames); the default now trains 18 updates of
 # 16 x 8 frames on the trunk path (params.yaml), which the kv path could not afford.
 DEFAULT = dict(n_envs=4, frames_per_env=4, updates=1, epochs=2, minibatch_size=16, micro_batch=8, lr=1e-4,
                max_steps=6)

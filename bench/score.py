@@ -2,7 +2,7 @@
 
 Embedded SmolLM2-135M-Instruct, GLAM's six BabyAI action strings, ~150-token chat prompts. Both methods run
 in this process on the same prompts; the figure of merit is the ratio of their rates (target >= 3x) with
-log-probabilities equal within 1e-4. The same measurement in bf16 (issue 12, item 1) runs beside it in a child
+log-probabilities equal within 1e-4. The same measurement in bf16 runs beside it in a child
 process on the CPU's own kernels (bf16 needs them; the stages pin AVX2, llmrl/kernels.py), on CPUs with native
 bf16: rates side by side and the largest log-prob difference bf16 makes. Writes bench/results/score.json.
 """

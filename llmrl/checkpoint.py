@@ -1,4 +1,4 @@
-"""Resume only from a checkpoint of the same run (issue 9, item 2).
+"""Resume only from a checkpoint of the same run.
 
 A run's identity is the hash of three parts, each kept apart so a mismatch can say what changed:
 

@@ -1,4 +1,4 @@
-"""Every DVC stage's `deps` cover the project code its script imports, transitively (issue 9, item 1).
+"""Every DVC stage's `deps` cover the project code its script imports, transitively.
 
 For each stage of dvc.yaml (plain, `foreach` and `matrix` stages alike) the stage module named in `cmd`
 (`python -m stages.<name> ...`, or a script `python <path>.py ...`) is parsed with `ast`, never executed, and its

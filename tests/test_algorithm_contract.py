@@ -1,4 +1,4 @@
-"""One tester every algorithm passes (issue 15, item 8), as d3rlpy's shared algorithm tests: for each entry of
+"""One tester every algorithm passes, as d3rlpy's shared algorithm tests: for each entry of
 ``ALGORITHMS``, the smallest run its config allows
 
 - changes every trainable parameter (TRL's check: a parameter left alone is a bug in the update),

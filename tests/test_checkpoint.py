@@ -1,4 +1,4 @@
-"""Run identity of resumable trainings (issue 9, items 2 and 3): resume only the same run, survive kill -9, and a
+"""Run identity of resumable trainings: resume only the same run, survive kill -9, and a
 stage with a resume point round-trips through a DVC remote (status clean, repro a no-op)."""
 
 import json

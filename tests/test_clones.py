@@ -1,4 +1,4 @@
-"""The flow's parts below the flow itself (issue 36, item 4): worker clones and taking their results back
+"""The flow's parts below the flow itself: worker clones and taking their results back
 (``pipelines.clones``) and DVC as a subprocess (``pipelines.dvc_run``). The toy-DAG runs in tests/test_pipeline.py
 exercise them together; these check each on its own."""
 

@@ -60,7 +60,7 @@ def test_stage_exits_before_writing(tmp_path):
 
 
 def test_every_setting_has_help_text():
-    """Issue 15, item 1: the typed model is the one definition of a setting, so its help text lives there."""
+    """The typed model is the one definition of a setting, so its help text lives there."""
     import importlib
     import inspect
     import pkgutil

@@ -1,4 +1,4 @@
-"""The docs site and the README (issue 35): a strict build, figures that agree with their files, history kept apart.
+"""The docs site and the README: a strict build, figures that agree with their files, history kept apart.
 
 - The site builds with ``mkdocs build --strict`` (any warning fails: broken links and anchors, pages left out of
   the nav, docstrings mkdocstrings cannot read), importing no deep-learning stack.

@@ -1,4 +1,4 @@
-"""Interruptions anywhere (issue 38, item 4): each kind of training stage, run as the pipeline runs it (its script,
+"""Interruptions anywhere: each kind of training stage, run as the pipeline runs it (its script,
 tiny params, in a scratch copy of the repository), is killed with SIGKILL at random moments, then run again; the
 outputs must be the uninterrupted run's. Then, with the disk full, a run must end with a named error and leave
 those outputs intact.

@@ -1,4 +1,4 @@
-"""The one fault policy of LLM-calling stages (issue 38, item 1): ``llmrl.llm.faults`` against real HTTP
+"""The one fault policy of LLM-calling stages: ``llmrl.llm.faults`` against real HTTP
 endpoints on 127.0.0.1 through the real ``openai`` client, and its params."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every stage that asks an LLM, run as the pipeline runs it (its script, its params) with its backend set to
-openai against a broken endpoint on 127.0.0.1, through the real ``openai`` client (issue 38, item 1).
+openai against a broken endpoint on 127.0.0.1, through the real ``openai`` client.
 
 Three endpoints: one that accepts and never answers, one that answers HTTP 500, one that answers an HTML page
 with status 200. Each time the stage must end with ``LLMOutageError`` naming the fault policy's key, within its

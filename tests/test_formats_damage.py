@@ -1,4 +1,4 @@
-"""Every other on-disk format a stage reads refuses damage by name (issue 38, item 3): metrics and other JSON
+"""Every other on-disk format a stage reads refuses damage by name: metrics and other JSON
 (``read_json``), LLM reply caches (a damaged entry is a recorded miss), restart points (a damaged one is discarded
 and named), and saved models (safetensors folders, peft adapters, torch ``.pt`` of the student, the GLAM agent and
 Symbolic-PPO, d3rlpy ``.d3``, KALM's grounded-model folder: a ``SHA256SUMS`` manifest checked before anything is

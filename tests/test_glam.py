@@ -82,7 +82,7 @@ def test_one_update_changes_trainable_only_and_lowers_loss(variant):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_trained_tiny_agent_beats_random(dtype):
-    # The same run learns in fp32 and under bf16 (issue 12: the learning curves stay equivalent). The random tiny model's summed log-probs put almost all mass on one-token actions (about -10.8 per
+    # The same run learns in fp32 and under bf16 (the learning curves stay equivalent). The random tiny model's summed log-probs put almost all mass on one-token actions (about -10.8 per
     # token), so the scoring head never explores; length-normalised scores start near uniform. Full
     # fine-tuning lets PPO move the LM head directly; a LoRA / NPAE agent did not learn within this budget.
     # The tiny model cannot tell states apart yet, so its greedy policy is one fixed action: the learned

@@ -1,4 +1,4 @@
-"""Layers point down (issue 15, item 4): a module may import only from its own layer or the layers below it.
+"""Layers point down: a module may import only from its own layer or the layers below it.
 
 From the bottom: utilities (files, config, kernels, seeding, fingerprint) → data (formats) → llm, envs → agents →
 algos → eval.

@@ -1,4 +1,4 @@
-"""One method's edit re-runs one method (issue 36, item 3): a stage's DVC deps are its import closure
+"""One method's edit re-runs one method: a stage's DVC deps are its import closure
 (``pipelines/stage_deps.py``), and the library's packages import none of their modules on import, so a module of one
 method is in no other method's closure.
 

@@ -2,7 +2,7 @@
 
 ``dvc metrics show`` prints one row per metrics file and one column per distinct key path, so the shared
 vocabulary (``llmrl.eval.headline``) keeps the column count small however many agents and seeds there are
-(issue 35, item 5: at most 40 columns for the default pipeline). Metrics files hold headline numbers only: training
+(at most 40 columns for the default pipeline). Metrics files hold headline numbers only: training
 summaries, environment lines, dtypes, verdicts, episode tables, prompt dumps and curves are plain outs or plots. The
 one string a metrics file keeps is its ``checksum`` (``llmrl.files.write_json``: the report refuses a damaged file).
 """

@@ -1,4 +1,4 @@
-"""Every module of the library states its public surface (issue 15, item 9), and the rest of the project keeps to it.
+"""Every module of the library states its public surface, and the rest of the project keeps to it.
 
 Each ``llmrl`` module binds ``__all__`` to a literal list of the names other code may use; a name it leaves out is
 the module's own business even without a leading underscore. Every ``from llmrl.x import name`` and every

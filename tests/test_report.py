@@ -1,4 +1,4 @@
-"""The results page (issue 13, item 3): tables as the metrics hold them, missing files named, switched-off
+"""The results page: tables as the metrics hold them, missing files named, switched-off
 methods shown as not run, and the page in headless Chromium (no console error, every method's table visible,
 a screenshot kept in .cache/test-artifacts/report.png).
 

@@ -1,4 +1,4 @@
-"""Every stage's deps in dvc.yaml cover its script's import closure (issue 9, item 1): no stale cache by construction."""
+"""Every stage's deps in dvc.yaml cover its script's import closure: no stale cache by construction."""
 
 import textwrap
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Output paths are named in one place, stages/paths.py (issue 15, item 7): every out, metric and plot that
+"""Output paths are named in one place, stages/paths.py: every out, metric and plot that
 dvc.yaml declares lies in one of its folders and is what the stage's function there returns for the stage's
 command-line arguments (both ways), and no stage script spells a folder or reaches into a method's folders."""
 

@@ -1,4 +1,4 @@
-"""Every stage, end to end (issue 36, item 2; issue 34, item 4): each stage's ``main`` runs in a scratch copy of this
+"""Every stage, end to end: each stage's ``main`` runs in a scratch copy of this
 workspace on the tiny model with minimal budgets (``tests/stage_runs.py``), the stage items DVC resolves from its
 params, and writes exactly the outputs stages/paths.py names for it (which dvc.yaml declares:
 tests/test_stage_paths.py).

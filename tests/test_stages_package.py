@@ -1,4 +1,4 @@
-"""The stages as a package (issue 36, item 1): one module per DVC stage with ``main(argv)``, run as
+"""The stages as a package: one module per DVC stage with ``main(argv)``, run as
 ``python -m stages.<name> <args>``; no ``sys.path`` edits, no import-order hacks; the accelerate preamble in one place
 (``stages.launch``)."""
 

@@ -1,4 +1,4 @@
-"""Damaged trajectory files are detected, never read as other data (issue 38, item 2).
+"""Damaged trajectory files are detected, never read as other data.
 
 Without the file's digest, HDF5 itself crashed (SIGSEGV) or looped without end on some of these damages (measured:
 of four runs of up to 1,500 random damages, two ended in a crash and two in a hang); with it, HDF5 never parses a

@@ -8,7 +8,7 @@ tokens, as Lamorel and GLAM do; the naive reference below uses the very same tok
 Frozen trunk: when only the layers from ``trunk_start`` up train (LoRA on the top layers), what the layers below
 compute for a (prompt, candidates) row never changes. ``score_tensors(..., trunk_start=k)`` returns those hidden
 states (one ``Trunk`` per row, captured from the same forward passes), and ``score_tensors(..., trunks=...)``
-runs only layers k.. on them, so PPO's epochs and minibatches cost the top layers alone (issue 12, item 2).
+runs only layers k.. on them, so PPO's epochs and minibatches cost the top layers alone.
 """
 
 from __future__ import annotations
