@@ -299,21 +299,28 @@ HEADLINE_ROWS = (
 
 
 def _shown_cell(root: Path, shown: Sequence[Shown], metric: str) -> Cell:
+    """Each agent's ``value [lo, hi]``; an entry of one run (``seeds: 1``) says its interval is over items alone."""
     parts: list[str | Figure] = []
     for i, s in enumerate(shown):
-        parts += (["<br>"] if i else []) + [f"{s.label} "] + _with_interval(root, s.source, split_key(s.key), metric)
+        key = split_key(s.key)
+        entry = read_value(root, s.source, key)
+        one_run = isinstance(entry, dict) and entry.get("seeds") == 1 and f"{metric}_lo" in entry
+        parts += (["<br>"] if i else []) + [f"{s.label} "] + _with_interval(root, s.source, key, metric) + \
+            ([" (one run, interval over items)"] if one_run else [])
     return Cell(tuple(parts))
 
 
 def results_table(root: Path, *, link: Callable[[str], str] = lambda page: page) -> DocTable:
     """The headline table, a row per method: the method's agents and the references they are compared with, each
-    ``value [95 % CI]`` (a seed-level interval; KALM's means over levels carry none). ``link`` maps a method's
+    ``value [95 % CI]`` (over training seeds; a row of one run says its interval is over items alone; KALM's means
+    over levels carry none). ``link`` maps a method's
     docs page to the link written in the Method column."""
     rows = [[label(f"[{r.method}]({link(r.page)})"), label(r.task), _shown_cell(root, r.agents, r.metric),
              _shown_cell(root, r.references, r.metric)] for r in HEADLINE_ROWS]
     sources = sorted({s.source for r in HEADLINE_ROWS for s in (*r.agents, *r.references)})
     return DocTable("results", "Headline results of the default pipeline, a row per method: value [95 % "
-                    "seed-level interval] as the metrics files hold them.", sources,
+                    "interval over training seeds; a row of one run says so, its interval over episodes or problems] "
+                    "as the metrics files hold them.", sources,
                     ["Method", "Task: measure", "The method", "Compared with"], rows)
 
 
