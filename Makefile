@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+DOCS_STAMP := $(VENV)/.installed-docs
 
 # Nothing writes to $HOME: every tool keeps its state under .cache/ (git-ignored).
 CACHE := $(CURDIR)/.cache
@@ -50,7 +51,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The test extras. Their llama-cpp-python (llama.cpp's OpenAI-compatible server, tests/test_llama_cpp_server.py) is
-# a source build (about 15 minutes on 2 cores): a portable one (GGML_NATIVE off: no instructions of this machine's
+# a source build (its time: docs/getting-started.md, Time and memory): a portable one (GGML_NATIVE off: no instructions of this machine's
 # CPU only), compiled once, its wheel cached under .cache/pip.
 test-setup: $(TEST_STAMP)
 $(TEST_STAMP): $(STAMP)
@@ -101,9 +102,13 @@ test-integration: test-setup openssh
 test-hosts: test-setup openssh
 	$(BIN)/python -m pytest -q tests/test_hosts.py
 
-# The docs site, strictly (a warning fails): .cache/site/index.html. tests/test_docs.py builds it the same way and
-# checks every generated figure against its file.
-docs: test-setup
+# The docs site, strictly (a warning fails): .cache/site/index.html, with the docs' own extras only (no test tools,
+# no llama.cpp build). tests/test_docs.py builds it the same way and checks every generated figure against its file.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]' --constraint <(echo torch==2.13.0)
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(CACHE)/site
 
 bench: setup
