@@ -52,8 +52,8 @@ STUDY_STAGES: dict[str, tuple[str, ...]] = {
 # first. DVC leaves `meta` out of a stage's hash, so a change here re-runs nothing.
 STUDY_MINUTES: dict[str, float] = {
     "kalm_data": 1, "kalm_ground": 28.5, "kalm_imagine": 4, "kalm_offline": 18, "kalm_eval": 10,
-    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 16, "props_grpo": 0.5,
-    "props_heldout": 25, "props_transfer": 12, "props_eval": 0.5,
+    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 11, "props_grpo": 0.5,
+    "props_heldout": 45, "props_transfer": 12, "props_eval": 0.5,
     "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
 }
 
