@@ -25,6 +25,13 @@ DataKind = Literal["real", "imagine"]  # imagine = real + imagined rollouts (dat
 _DISCRETE = {"DiscreteBC", "DiscreteCQL"}
 
 
+
+def _distinct_seeds(cls, v: list[int]) -> list[int]:
+    """The ``seeds`` validator of every KALM section that has seeds."""
+    if len(set(v)) != len(v):
+        raise ValueError("seeds must be distinct")
+    return v
+
 class KalmEnvParams(Section):
     metaworld_max_steps: int = Field(100, gt=0, description="Meta-World step cap for data, imagination and "
                                      "evaluation alike (metaworld's own is 500; scripted experts finish the "
@@ -98,12 +105,7 @@ class KalmOfflineParams(Section):
                                               "(results do not depend on it)")
     log_every: int = Field(100, gt=0, description="updates between metric rows")
 
-    @field_validator("seeds")
-    @classmethod
-    def _distinct(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
-            raise ValueError("seeds must be distinct")
-        return v
+    _distinct = field_validator("seeds")(_distinct_seeds)
 
 
 class KalmEvalParams(Section):
@@ -184,12 +186,7 @@ class KalmGroundParams(Section):
     threads: int = Field(1, gt=0, description="torch threads")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")
 
-    @field_validator("seeds")
-    @classmethod
-    def _distinct(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
-            raise ValueError("seeds must be distinct")
-        return v
+    _distinct = field_validator("seeds")(_distinct_seeds)
 
 
 class KalmImagineParams(Section):
