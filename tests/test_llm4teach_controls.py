@@ -203,8 +203,16 @@ def test_select_setting_breaks_ties_with_the_second_score():
     rows = [{"name": "a", "cost": 1, "per_seed": [0.0, 0.0], "tiebreak_per_seed": [0.01, 0.0]},
             {"name": "b", "cost": 1, "per_seed": [0.0, 0.0], "tiebreak_per_seed": [0.05, 0.03]},
             {"name": "c", "cost": 1, "per_seed": [0.0, 0.0]}]
-    assert select_setting(rows)["name"] == "b"
+    pick = select_setting(rows)
+    assert pick["name"] == "b" and "tied with 2 other(s), broken by the second score" in pick["rule"]
     assert select_setting(rows + [{"name": "d", "cost": 2, "per_seed": [0.1, 0.0]}])["name"] == "d"  # first score first
+    # a full tie keeps the setting in use
+    flat = [{"name": n, "cost": 1, "per_seed": [0.0, 0.0], "tiebreak_per_seed": [0.0, 0.0]} for n in ("x", "y", "z")]
+    assert select_setting(flat)["name"] == "x" and select_setting(flat, keep="y")["name"] == "y"
+    assert select_setting(flat, keep="y")["rule"].endswith("broken by cost and the setting in use")
+    assert select_setting(rows, keep="a")["name"] == "b"  # not against the scores
+    with pytest.raises(ValueError, match="keep"):
+        select_setting(flat, keep="w")
 
 
 def test_gradient_steps_count_the_optimizer_steps_of_a_run():

@@ -69,13 +69,17 @@ def scores_help(scoring: np.ndarray, controls: Mapping[str, np.ndarray], *, high
                     "than 0"}
 
 
-def select_setting(rows: Sequence[dict], *, higher_is_better: bool = True, target: float | None = None) -> dict:
+def select_setting(rows: Sequence[dict], *, higher_is_better: bool = True, target: float | None = None,
+                   keep: str | None = None) -> dict:
     """The validation pick among candidate rows ``{"name", "cost", "per_seed": [...], ...}``.
 
     With ``target``: the cheapest candidate whose every tuning seed reaches it (ties: better mean); when none
     does, the best mean. Without: the best mean (ties: the better mean of ``tiebreak_per_seed`` where rows carry
-    it, a second score for when the first cannot rank them, then cheaper). Returns the pick's name, score and rule.
+    it, a second score for when the first cannot rank them, then cheaper, then ``keep``, the setting in use: a
+    tie is no evidence for a change). Returns the pick's name, score and rule.
     """
+    if keep is not None and keep not in {r["name"] for r in rows}:
+        raise ValueError(f"keep: {keep!r} is not a candidate's name")
     if not rows:
         raise ValueError("select_setting: no candidates")
     sign = 1.0 if higher_is_better else -1.0
@@ -92,6 +96,11 @@ def select_setting(rows: Sequence[dict], *, higher_is_better: bool = True, targe
             best = min(ok, key=lambda r: (r["cost"], -sign * mean(r)))
             return {"name": best["name"], "mean": mean(best), "rule": f"cheapest with every tuning seed at "
                     f"{'>=' if higher_is_better else '<='} {target}"}
-    best = min(rows, key=lambda r: (-sign * mean(r), -sign * tiebreak(r), r["cost"]))
+    best = min(rows, key=lambda r: (-sign * mean(r), -sign * tiebreak(r), r["cost"], r["name"] != keep))
     rule = "best mean" + (f" (no candidate had every tuning seed at target {target})" if target is not None else "")
+    tied = [r for r in rows if r is not best and mean(r) == mean(best)]
+    if tied:
+        second = [r for r in tied if tiebreak(r) == tiebreak(best)]
+        by = (["the second score"] if len(second) < len(tied) else []) + (["cost and the setting in use"] if second else [])
+        rule += f"; tied with {len(tied)} other(s), broken by {', then '.join(by)}"
     return {"name": best["name"], "mean": mean(best), "rule": rule}
