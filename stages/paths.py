@@ -150,7 +150,8 @@ def llm4teach_train_mpe(teacher: str) -> Outputs:
 
 def llm4teach_eval() -> Outputs:
     return Outputs("llm4teach_eval", eval=LLM4TEACH.metrics / "eval", episodes=LLM4TEACH.metrics / "episodes",
-                   result=LLM4TEACH.metrics / "result", report=LLM4TEACH.metrics / "report.json",
+                   result=LLM4TEACH.metrics / "result", claims=LLM4TEACH.metrics / "claims",
+                   report=LLM4TEACH.metrics / "report.json",
                    live=LLM4TEACH.plots / "eval")
 
 

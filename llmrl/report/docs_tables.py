@@ -226,7 +226,7 @@ def headline_folder_table(root: Path, table_id: str, caption: str, folder: str, 
     columns = [c for c in order_cols if any(c in r for r in rows)]
     headers = {"success": "success [95 % CI]", "return": "return [95 % CI]"}
     if "note" in columns:
-        caption += " *Not converged*: the agent's seed-level interval does not clear random's figure."
+        caption += " *Not converged*: the agent's seed-level interval does not clear random's interval."
     return DocTable(table_id, caption, [f"{folder}/*.json"], [headers.get(c, c) for c in columns],
                     [[r.get(c, label(EM_DASH if c != "note" else "")) for c in columns] for r in rows])
 
@@ -400,14 +400,43 @@ def _teach_order(folder_root: Path, folder: str) -> list[str]:
     return sorted(stems, key=lambda s: (0 if s.startswith("teacher_") else 1 if s.startswith("student_") else 2, s))
 
 
+def llm4teach_claims_table(root: Path) -> DocTable:
+    """Per task and mode: the scoring-taught student's paired difference from each control-taught student, and
+    whether the LLM's scores help (every difference's interval above 0)."""
+    rows, controls = [], []
+    for env in ("simpledoorkey", "mpe"):
+        rel = f"metrics/llm4teach/claims/{env}.json"
+        data = read_value(root, rel, ())
+        for mode in MODES:
+            if mode not in data:
+                continue
+            found = [k.removeprefix("vs_") for k in data[mode] if k.startswith("vs_") and not k.endswith(("_lo", "_hi"))]
+            if controls and found != controls:
+                raise ResultFieldError(f"{rel}: controls {found}, the other tasks' are {controls}")
+            controls = found
+            rows.append([label(env), label(mode),
+                         *(Cell(tuple(_with_interval(root, rel, (mode,), f"vs_{c}"))) for c in controls),
+                         Cell((figure(root, rel, (mode, "llm_scores_help"), "yesno"),)),
+                         Cell((figure(root, rel, (mode, "seeds")),)), Cell((figure(root, rel, (mode, "episodes")),))])
+    return DocTable(
+        "llm4teach-claims", "Do the LLM's scores help? The scoring-taught student minus the student taught by each "
+        "control (the same candidate plans with uniform or random scores), paired over the same test episodes, "
+        "seeds and episodes drawn as crossed factors; *yes* only where every interval lies above 0 (DoorKey: "
+        "success; MPE: return).", ["metrics/llm4teach/claims/*.json"],
+        ["task", "mode", *(f"minus `student_{c}` [95 % CI]" for c in controls), "scores help", "seeds", "episodes"],
+        rows)
+
+
 def llm4teach_tables(root: Path) -> list[DocTable]:
     tables = []
     for env, caption in (("simpledoorkey", "MiniGrid SimpleDoorKey: teachers, the students they taught, pure PPO "
                           "and random on the test levels."),
                          ("mpe", "MPE simple_spread: teachers, the students they taught, MAPPO and random.")):
         folder = f"metrics/llm4teach/eval/{env}"
-        tables.append(headline_folder_table(root, f"llm4teach-{env}", caption, folder, extras=(("AULC", "aulc"),),
+        tables.append(headline_folder_table(root, f"llm4teach-{env}", caption, folder,
+                                            extras=(("AULC", "aulc"), ("frames", "frames"), ("updates", "updates")),
                                             order=_teach_order(root, folder)))
+    tables.append(llm4teach_claims_table(root))
     rel = "metrics/llm4teach/result/simpledoorkey.json"
     checks = read_value(root, rel, ())
     tables.append(DocTable(
