@@ -218,8 +218,10 @@ def test_grounded_policy_acts_in_the_real_env(tmp_path):
     from llmrl.eval.harness import run_episode
 
     model = _model(True, obs_dim=kl.obs_dim("babyai"), action_dim=kl.action_spec("babyai").n)
-    model.save(tmp_path / "babyai")
-    agent = GroundedAgent.load(tmp_path)
+    model.save(tmp_path / "babyai" / "0")
+    with pytest.raises(FileNotFoundError, match="metaworld"):
+        GroundedAgent.load({"babyai": tmp_path / "babyai" / "0", "metaworld": tmp_path / "metaworld" / "0"})
+    agent = GroundedAgent.load({"babyai": tmp_path / "babyai" / "0"})
     goal = kl.goals("babyai", "easy")[0]
     env = kl.make_goal_env(goal, 0, kl.EnvSettings(max_steps=5))
     policy = agent.policy(goal)
@@ -466,6 +468,24 @@ def test_gate0_passes_only_clearly_above_random():
         gate0([], random)
     with pytest.raises(ValueError, match="random"):
         gate0([[True]], [])
+
+
+def test_gate0_pooled_over_seeds_trained_apart():
+    """kalm_gate0 pools the episodes each kalm_ground item recorded: the grounded episodes of every seed against
+    the random episodes of every seed, each seed's own verdict under its seed."""
+    from llmrl.eval.kalm import pool_gate0
+
+    seeds = {3: {"grounded": [True] * 40 + [False] * 60, "random": [True] * 3 + [False] * 97, "bc": [True] * 100},
+             7: {"grounded": [False] * 100, "random": [True] * 7 + [False] * 93, "bc": [False] * 100}}
+    pooled = pool_gate0(seeds)
+    assert pooled["grounded"]["episodes"] == 200 and pooled["grounded"]["success"] == 0.2
+    assert pooled["random"]["success"] == 0.05 and pooled["bc"]["success"] == 0.5 and pooled["seeds"] == [3, 7]
+    assert [(s["seed"], s["passed"]) for s in pooled["per_seed"]] == [(3, True), (7, False)]
+    assert pooled["passed"]  # 20 % [15, 26] over 200 episodes against 5 % [3, 8]
+    with pytest.raises(ValueError, match=r"seed 7 has no episodes of \['bc'\]"):
+        pool_gate0({**seeds, 7: {**seeds[7], "bc": []}})
+    with pytest.raises(ValueError, match="no grounding seed"):
+        pool_gate0({})
 
 
 def test_gate0_plays_training_goals_from_validation_starts():

@@ -171,8 +171,8 @@ class KalmGroundParams(Section):
                                 "(CUDA with bf16; a CPU with AVX-512-BF16/AMX when LLMRL_PIN_KERNELS=0), else fp32; "
                                 "recorded in the metrics")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="grounding seeds (sampling, "
-                             "initialisation, batch order), trained one after another; the first seed's model is "
-                             "the one saved for imagination and evaluation, every seed's gate 0 is recorded")
+                             "initialisation, batch order), one kalm_ground item each; imagination and the "
+                             "grounded-LLM row of kalm_eval read the first seed's model, gate 0 pools every seed")
     gate_episodes: int = Field(0, ge=0, description="gate 0: closed-loop episodes per grounding seed and row "
                                "(grounded model, random actions, BC), at least, on the training goals (one "
                                "phrasing per task, every task equally) from validation starts in the real "
