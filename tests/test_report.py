@@ -144,7 +144,7 @@ def results(tmp_path_factory) -> Path:
                 "rollouts": 52, "step_l2": 17.01009, "step_mae": 0.85398, "transitions_per_s": 77.1,
                 "replay_success": replay_success, "replay_success_given_imagined": None,
                 "replay_success_consistent": 0.05})
-    _write(root, "plots/kalm/ground/babyai/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
+    _write(root, "plots/kalm/ground/babyai/0/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
     # ProPS
     for method, ret, extra in (("props", (43.2833, 28.1833, 68.1187), {"parse_failure": 0.75, "llm_proposed": 0.625}),
                                ("cem", (200.0, 200.0, 200.0), {})):

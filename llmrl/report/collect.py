@@ -379,8 +379,10 @@ def kalm_section(root: Path) -> Section:
                            "imagined success", "replay success", "replay success | imagined success",
                            "replay success | consistent", "first-step MAE", "last-step MAE"], rows))
     rel = "plots/kalm/ground"
-    s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss", f"{rel}/", "update",
-                             "loss", [_tsv_series(root, f"{rel}/{b}/plots/metrics/loss.tsv", b) for b in benchmarks]))
+    s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss per grounding seed",
+                             f"{rel}/", "update", "loss",
+                             [_tsv_series(root, f"{rel}/{b}/{d.name}/plots/metrics/loss.tsv", f"{b} seed {d.name}")
+                              for b in benchmarks for d in _entries(root, f"{rel}/{b}", "*/")]))
     return s
 
 
