@@ -488,3 +488,17 @@ def test_metrics_of_a_method_are_its_headline_numbers_only():
     baseline = {**h}
     del baseline["llm"]
     assert set(metrics_of(baseline)) == {"greedy", "train_episodes"}
+
+
+def test_a_function_search_takes_any_function_index_and_an_env_search_keeps_its_seed_ranges(tiny_llm):
+    """A function search's seed names the function (it draws no episodes): the held-out test's 12 functions per
+    dimension (seeds 0..11) run where an environment search's seeds would overlap ``eval_seed``."""
+    from llmrl.envs.functions import FunctionTask
+
+    lp = PropsLLMParams(spec="tiny", answer_prefix="params[0]:")
+    opt = build_optimizer_llm(lp, cache_dir=None, llm=tiny_llm)
+    search = _params(eval_seed=3_000_000, max_reasks=0)
+    rows = list(props_search(FunctionTask("test", 2), ["props"], [0, 11], opt, search, SPACE, lp, iterations=2))
+    assert {r["seed"] for r in rows} == {0, 11}
+    with pytest.raises(ValueError, match="eval_seed 3000000 overlaps the search episode seeds"):
+        list(props_search("pendulum", ["props"], [0, 11], opt, search, SPACE, lp))

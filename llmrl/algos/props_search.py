@@ -276,7 +276,8 @@ def props_search(
     if isinstance(t, (QuadraticTask, FunctionTask)) and "props_plus" in methods:
         raise ValueError(f"methods: props_plus describes an environment; the task {t.key!r} has none (use props)")
     n_iter = iterations or search.iterations
-    check_seed_ranges(seeds, n_iter, search.episodes_per_eval, search.eval_seed)
+    if not isinstance(t, FunctionTask):  # a function's search seed names the function: it draws no episodes
+        check_seed_ranges(seeds, n_iter, search.episodes_per_eval, search.eval_seed)
     evaluator = objective_for(t)
     policy = evaluator.policy
     n = policy.n_params

@@ -499,6 +499,15 @@ def props_tables(root: Path, tier: str = "") -> list[DocTable]:
     if tier and not (Path(root) / heldout).is_file():
         return tables  # the study is run in parts: its held-out test may not have run yet (the page says so)
     h = read_value(root, heldout, ())
+    if "gate" in h:  # read before the comparison: did the fine-tune change the optimizer on validation functions
+        gate = [Cell((figure(root, heldout, ("gate", k)),)) for k in
+                ("seeds", "last_above_base", "selected_after_step_0", "validation_gain_last_mean", "passed")]
+        tables.append(DocTable(f"props-{ids}gate", "The tuning gate, on validation functions (never the test's): "
+                               "training seeds whose last step scores above their base weights, seeds whose "
+                               "selection kept a step after 0, the mean validation gain of the last step, and the "
+                               "verdict (every seed above its base and past step 0).", [heldout],
+                               ["training seeds", "last step above base", "selected after step 0",
+                                "validation gain (last - base)", "passed"], [gate]))
     rows = [[label(f"`{m}`"), Cell(tuple(_with_interval(root, heldout, ("methods", m), "iqm"))),
              *(Cell((figure(root, heldout, ("methods", m, k)),)) if k in e else label(EM_DASH)
                for k in ("runs", "items", "improve_share", "repeat_share", "parse_failure_share"))]
