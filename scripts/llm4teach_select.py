@@ -12,8 +12,11 @@ Parts:
   doorkey  budget and λ schedule of the DoorKey students (oracle teacher): score = greedy validation
            success; pick = the cheapest candidate whose every tuning seed reaches llm4teach.eval.success_target,
            else the best mean.
+  ppo      pure PPO's learning rate on the first DoorKey task (no teacher), at the students' frame budget
+           (llm4teach.train.ppo.total_frames): score = greedy validation success, ties by sampled success; pick =
+           the best mean, copied to llm4teach.train.pure_ppo_lr.
 
-Usage: python scripts/llm4teach_select.py mpe|doorkey [--seeds 100 101] [--episodes N]
+Usage: python scripts/llm4teach_select.py mpe|doorkey|ppo [--seeds 100 101] [--episodes N]
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ CANDIDATES: dict[str, list[dict]] = {
         {"name": "lr1e-3", "ppo": {"total_frames": 40960, "lr": 1e-3}, "distill": {"decrement": 0.33, "until_iteration": 45}},
     ],
 }
+# Pure PPO's learning rates, around the students' 1e-3 (one of them: on a tie it is kept). Only the learning rate is searched: the frame budget is the
+# comparison's (every learner gets the students' frames), not a knob to tune.
+PPO_LRS = (5e-4, 1e-3, 2e-3, 4e-3)
+PARTS = ("doorkey", "mpe", "ppo")
 # DoorKey budgets scored along each run (iterations of 512 frames): λ = 10 − 0.33·k reaches its floor 0.1 at
 # iteration 30 (15,360 frames) and the teacher term is off from iteration 45 (23,040 frames), so at every
 # candidate budget the student has trained its last 15+ iterations as plain PPO.
@@ -150,9 +157,40 @@ def run_doorkey(raw: dict, p: LLM4TeachParams, seeds: list[int], episodes: int, 
             "candidates": rows, "pick": pick}
 
 
+def run_ppo(p: LLM4TeachParams, seeds: list[int], episodes: int) -> dict:
+    """One pure-PPO run per (learning rate, tuning seed) at the students' frame budget, scored at its end."""
+    v = p.validation
+    key = p.train.envs[0]
+    eid = ENV_IDS[key]
+    val_seeds = range(v.seed, v.seed + episodes)
+    rows = []
+    for lr in PPO_LRS:
+        t = p.train.model_copy(update={"pure_ppo_lr": lr}).for_teacher("none")
+        scores: dict[str, list[float]] = {"greedy": [], "sampled": []}
+        secs = []
+        for seed in seeds:
+            start = time.perf_counter()
+            run = train_grid_student(eid, None, t, seed, progress=False)
+            secs.append(time.perf_counter() - start)
+            run.agent.eval()
+            for mode in scores:
+                r = evaluate_batched(StudentPolicy(run.agent), lambda: make_env(eid), val_seeds, mode=mode,
+                                     n_envs=len(val_seeds), progress=False)
+                scores[mode].append(r.summary()["success_rate"])
+            print(f"ppo lr {lr:g} seed {seed}: validation success greedy {scores['greedy'][-1]:.2f}, sampled "
+                  f"{scores['sampled'][-1]:.2f} ({secs[-1]:.0f} s)", flush=True)
+        rows.append({"name": f"lr{lr:g}", "cost": t.ppo.total_frames, "ppo": {"lr": lr},
+                     "per_seed": scores["greedy"], "mean": float(np.mean(scores["greedy"])),
+                     "tiebreak_per_seed": scores["sampled"], "sampled_mean": float(np.mean(scores["sampled"])),
+                     "seconds_per_run": float(np.mean(secs))})
+    return {"task": key, "teacher": "none", "frames": p.train.ppo.total_frames,
+            "score": "greedy success rate on validation levels; ties: sampled success rate",
+            "candidates": rows, "pick": select_setting(rows, higher_is_better=True, keep=f"lr{p.train.ppo.lr:g}")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", choices=sorted(CANDIDATES))
+    ap.add_argument("part", choices=PARTS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[100, 101], help="tuning seeds (not the final ones)")
     ap.add_argument("--episodes", type=int, default=None, help="validation episodes (default llm4teach.validation)")
     ap.add_argument("--only", nargs="+", default=None, help="doorkey: run only these candidates (rows merge)")
@@ -164,8 +202,12 @@ def main() -> None:
         raise SystemExit(f"--seeds {args.seeds}: tuning seeds must differ from the final training seeds")
     episodes = args.episodes or p.validation.episodes
     start = time.perf_counter()
-    record = (run_mpe(raw, p, args.seeds, episodes) if args.part == "mpe"
-              else run_doorkey(raw, p, args.seeds, episodes, args.only))
+    if args.part == "mpe":
+        record = run_mpe(raw, p, args.seeds, episodes)
+    elif args.part == "ppo":
+        record = run_ppo(p, args.seeds, episodes)
+    else:
+        record = run_doorkey(raw, p, args.seeds, episodes, args.only)
     record.update(tuning_seeds=args.seeds, validation={"seed": p.validation.seed, "episodes": episodes},
                   test_levels_used=False, seconds=round(time.perf_counter() - start, 1), env=fingerprint_line())
     existing = json.loads(OUT.read_text()) if OUT.is_file() else {}

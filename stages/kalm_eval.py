@@ -1,9 +1,10 @@
 """Stage kalm_eval: every KALM policy on every test level of its benchmark, success with seed-level intervals.
 
 Rows per benchmark: each offline algorithm trained on real data and on real + imagined data (kalm.offline),
-a uniform random policy, and — when KALM-B's llmrl/agents/grounded_policy.py and models/kalm/grounded exist — the
-grounded LLM acting through its action head. Greedy evaluation. The two benchmarks run in parallel processes
-(kalm.eval.workers). Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
+a uniform random policy, and — when KALM-B's llmrl/agents/grounded_policy.py and the models exist — the
+grounded LLM acting through its action head: each benchmark's first grounding seed
+(models/kalm/grounded/<benchmark>/<kalm.ground.seeds[0]>, the model imagination used; gate 0 covers every seed).
+Greedy evaluation. The two benchmarks run in parallel processes (kalm.eval.workers). Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
 
 Writes metrics/kalm/success/<benchmark>/<row>.json (headline: the row's success per level and the mean over
 levels), metrics/kalm/eval/table.json (per row and level: success, seed-level interval, per-seed values, episodes,
@@ -16,7 +17,7 @@ import logging
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from llmrl.config.kalm import KalmEnvParams, KalmEvalParams, KalmOfflineParams
+from llmrl.config.kalm import KalmEnvParams, KalmEvalParams, KalmGroundParams, KalmOfflineParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.envs.kalm_levels import EnvSettings
 from llmrl.eval.headline import metrics_entry
@@ -26,17 +27,20 @@ from llmrl.files import atomic_path, write_json
 from stages import paths
 from stages.common import log, open_live, stage_arguments, stage_params
 
-GROUNDED_MODEL = paths.kalm_grounded_models()
 OUT = paths.kalm_eval()
 
 
-def grounded_agent():
-    """KALM-B's LLM-as-policy, if built: an object with ``policy(goal) -> harness Policy``; else None."""
-    if importlib.util.find_spec("llmrl.agents.grounded_policy") is None or not GROUNDED_MODEL.is_dir():
+def grounded_agent(benchmarks):
+    """KALM-B's LLM-as-policy from each benchmark's first grounding seed, if built: an object with
+    ``policy(goal) -> harness Policy``; else None."""
+    if importlib.util.find_spec("llmrl.agents.grounded_policy") is None:
         return None
     from llmrl.agents.grounded_policy import GroundedAgent
 
-    return GroundedAgent.load(GROUNDED_MODEL)
+    seed = stage_params("kalm.ground", KalmGroundParams).seeds[0]
+    folders = {b: paths.kalm_ground(b, seed).model for b in benchmarks}
+    present = {b: f for b, f in folders.items() if f.is_dir()}
+    return GroundedAgent.load(present) if present else None
 
 
 def run_benchmark(benchmark: str) -> dict:
@@ -47,10 +51,10 @@ def run_benchmark(benchmark: str) -> dict:
     runs = [(f"{name}-{data}", paths.kalm_offline(name, data).models / f"seed-{seed}" / "model.d3")
             for name, algo in off.algos.items() if algo.benchmark == benchmark
             for data in off.data for seed in off.seeds]
-    agent = grounded_agent() if p.grounded_episodes else None
+    agent = grounded_agent([benchmark]) if p.grounded_episodes else None
     if agent is None:
-        log.warning("%s: no grounded LLM policy (llmrl/agents/grounded_policy.py or %s missing): row left out",
-                    benchmark, GROUNDED_MODEL)
+        log.warning("%s: no grounded LLM policy (llmrl/agents/grounded_policy.py or the first grounding seed's "
+                    "model missing): row left out", benchmark)
     return evaluate_benchmark(
         benchmark, offline_runs=runs, table=EmbeddingTable.load(paths.kalm_data().real / "embeddings.npz"),
         levels=p.levels, settings=EnvSettings.for_benchmark(env_p, benchmark),

@@ -1,24 +1,21 @@
-"""Stage kalm_ground@<benchmark>: fine-tune the base LLM into KALM's grounded model of one benchmark, once per
-grounding seed, and gate 0 on each.
+"""Stage kalm_ground@<benchmark>-<seed>: fine-tune the base LLM into KALM's grounded model of one benchmark with
+one grounding seed (kalm.ground.seeds; one item per seed keeps each item under the 30-minute stage limit at the
+study's size), and gate 0 on it.
 
 Reads data/kalm/real/<benchmark>.h5 (KALM-A's kalm_data) to train on KALM's four patterns for ``kalm.ground.epochs``
 passes (llmrl.algos.kalm_grounding), and data/kalm/real/<benchmark>_validation.h5 (validation starts) for the
 held-out losses: action and observation losses on the episodes relabelled with training phrasings (the checkpoint
 selector), the token loss on their own unseen phrasings (reported apart), and the one-step state error on their
-transitions beside copying the last state. Gate 0 (``kalm.ground.gate_episodes``):
-each seed's model acts in the real simulator on the training goals from validation starts, beside random actions
-and BC trained on the same real data (llmrl.eval.kalm.closed_loop, gate0). Writes models/kalm/grounded/<benchmark>/
-(the first seed's model: LoRA adapter + projections + heads + spec, train.json), metrics/kalm/
-ground_<benchmark>.json (the first seed's losses as headline keys, every seed's under ``seeds``, gate 0 pooled over
-seeds under ``gate0``) and dvclive curves in plots/kalm/ground/<benchmark>/seed-<k>.
+transitions beside copying the last state. Gate 0 (``kalm.ground.gate_episodes``): the model acts in the real
+simulator on the training goals from validation starts, beside random actions and BC trained on the same real data
+(llmrl.eval.kalm.closed_loop). Writes models/kalm/grounded/<benchmark>/<seed>/ (LoRA adapter + projections + heads
++ spec, train.json), metrics/kalm/ground/<benchmark>/<seed>.json (losses, state error, and gate 0's rows with
+every episode's success, which kalm_gate0@<benchmark> pools over the seeds) and dvclive curves in
+plots/kalm/ground/<benchmark>/<seed>/. Imagination and kalm_eval's grounded-LLM row read the first seed's model.
 
-Seeds run one after another in this stage: at the study's size each takes most of the stage's time, so keeping
-every stage under 30 minutes needs a kalm_ground matrix over (benchmark, seed) and a small stage pooling the
-seeds' gate 0 (not built yet).
-
-Several devices: ``accelerate launch --multi_gpu --num_processes N -m stages.kalm_ground <benchmark>`` trains with
-DDP (``stages.launch``; without CUDA on CPU over gloo; ``--cpu`` would start one process). Every process builds the
-same samples and batches and trains on its 1/N share of each batch (``llmrl.algos.kalm_grounding``); the main
+Several devices: ``accelerate launch --multi_gpu --num_processes N -m stages.kalm_ground <benchmark> <seed>`` trains
+with DDP (``stages.launch``; without CUDA on CPU over gloo; ``--cpu`` would start one process). Every process builds
+the same samples and batches and trains on its 1/N share of each batch (``llmrl.algos.kalm_grounding``); the main
 process writes the outputs and runs gate 0.
 """
 
@@ -37,7 +34,7 @@ from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.data.trajectories import read_episodes
 from llmrl.envs import kalm_levels as kl
-from llmrl.eval.kalm import closed_loop, gate0, gate_goals, grounded_act, offline_act, random_act, success_summary
+from llmrl.eval.kalm import closed_loop, gate_goals, grounded_act, offline_act, random_act, success_summary
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import build_grounded
@@ -66,8 +63,9 @@ def gate_outcomes(benchmark: str, model, train, p: KalmGroundParams, seed: int, 
     return {row: [o.success for o in outs] for row, outs in outcomes.items()}
 
 
-def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, launch, plots) -> tuple:
-    """One grounding run: (model, train.json record, metrics of this seed)."""
+def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, launch, live) -> tuple:
+    """One grounding run, its curves logged to ``live`` (None off the main process): (model, train.json record,
+    metrics)."""
     accelerator, main_process = launch.accelerator, launch.is_main
     start = time.perf_counter()
     rng = seed_everything(seed)
@@ -80,21 +78,19 @@ def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, laun
              len(train), len(val), n_samples, before)
     train_start = time.perf_counter()
     rows = []
-    with open_live(plots / f"seed-{seed}") if main_process else contextlib.nullcontext() as live:
-        for row in tqdm(train_grounding(model, samples, p, rng, accelerator=accelerator, validation=selection,
-                                        unseen=unseen),
-                        total=update_steps(p, n_samples), desc=f"ground {benchmark} seed {seed}",
-                        disable=not main_process):
-            rows.append(row)
-            if not main_process:
-                continue
-            live.step = row["step"]
-            for key in (*HEADLINE, *HELDOUT, "lr", "obs_accuracy"):
-                if key in row:
-                    live.log_metric(key, row[key])
-            if row["step"] % p.log_every == 0:
-                log.info("%s seed %d step %d: %s", benchmark, seed, row["step"],
-                         {k: round(row[k], 4) for k in HEADLINE})
+    for row in tqdm(train_grounding(model, samples, p, rng, accelerator=accelerator, validation=selection,
+                                    unseen=unseen),
+                    total=update_steps(p, n_samples), desc=f"ground {benchmark} seed {seed}",
+                    disable=not main_process):
+        rows.append(row)
+        if not main_process:
+            continue
+        live.step = row["step"]
+        for key in (*HEADLINE, *HELDOUT, "lr", "obs_accuracy"):
+            if key in row:
+                live.log_metric(key, row[key])
+        if row["step"] % p.log_every == 0:
+            log.info("%s seed %d step %d: %s", benchmark, seed, row["step"], {k: round(row[k], 4) for k in HEADLINE})
     train_seconds = time.perf_counter() - train_start
     after, unseen_after = evaluate_losses(model, selection, p), evaluate_losses(model, unseen, p)
     error = state_error(model, val)
@@ -118,59 +114,48 @@ def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, laun
 
 
 def main(argv: list[str] | None = None) -> None:
-    benchmark = stage_arguments("kalm_ground", argv, benchmark="one of kalm.ground.benchmarks").benchmark
+    args = stage_arguments("kalm_ground", argv, benchmark="one of kalm.ground.benchmarks",
+                           seed="one of kalm.ground.seeds")
+    benchmark = args.benchmark
     p = stage_params("kalm.ground", KalmGroundParams)
     env_p = stage_params("kalm.env", KalmEnvParams)
     if benchmark not in p.benchmarks:
         raise SystemExit(f"kalm_ground: benchmark {benchmark!r} is not in kalm.ground.benchmarks {p.benchmarks}")
+    if not args.seed.lstrip("-").isdigit() or int(args.seed) not in p.seeds:
+        raise SystemExit(f"kalm_ground: seed {args.seed!r} is not in kalm.ground.seeds {p.seeds}")
+    seed = int(args.seed)
     if p.gate_episodes:  # before hours of training: a gate that cannot run fails now
         kl.check_seed_range("validation", p.gate_seed,
                             len(gate_goals(benchmark)) * kl.per_goal(len(gate_goals(benchmark)), p.gate_episodes),
                             "kalm.ground.gate_seed")
-    out = paths.kalm_ground(benchmark)
+    out = paths.kalm_ground(benchmark, seed)
     torch.set_num_threads(p.threads)
     launch = launched()
     accelerator, main_process = launch.accelerator, launch.is_main
     start = time.perf_counter()
     train = read_episodes(REAL / f"{benchmark}.h5")
     val = read_episodes(REAL / f"{benchmark}_validation.h5")
-    settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
-    table = EmbeddingTable.load(REAL / "embeddings.npz") if p.gate_episodes else None
-    per_seed, gates = [], {"grounded": [], "random": [], "bc": []}
-    # every seed's curves replace the folder together, and only the main process writes them
-    with atomic_path(out.plots, is_dir=True) if main_process else contextlib.nullcontext(out.plots) as plots:
-        for k, seed in enumerate(p.seeds):
-            model, record, metrics = ground_seed(benchmark, seed, p, train, val, launch, plots)
-            if main_process and p.gate_episodes:
-                t0 = time.perf_counter()
-                flags = gate_outcomes(benchmark, model, train, p, seed, settings, table)
-                for row, f in flags.items():
-                    gates[row].append(f)
-                metrics["gate0"] = {"rows": {row: success_summary(f) for row, f in flags.items()},
-                                    "seconds": round(time.perf_counter() - t0, 1)}
-                log.info("%s seed %d gate 0: %s", benchmark, seed, metrics["gate0"])
-            if main_process and k == 0:
-                with atomic_path(out.model, is_dir=True) as folder:
-                    model.save(folder)
-                    write_json(folder / "train.json", {**record, "env": fingerprint_line()})
-                dtype = dtype_name(autocast_dtype(p, model.llm.device))
-            per_seed.append(metrics)
-            del model
+    # only the main process writes the curves
+    with open_live(out.plots) if main_process else contextlib.nullcontext() as live:
+        model, record, metrics = ground_seed(benchmark, seed, p, train, val, launch, live)
     if main_process:
-        first = per_seed[0]
-        summary = {
-            **{k: v for k, v in first.items() if k not in ("seed", "gate0")},
-            "seeds": per_seed, "dtype": dtype, "seconds": round(time.perf_counter() - start, 1),
-            "env": fingerprint_line(),
-        }
         if p.gate_episodes:
-            verdict = gate0(gates["grounded"], [f for s in gates["random"] for f in s])
-            bc = success_summary([f for s in gates["bc"] for f in s])
-            summary["gate0"] = {**verdict, "bc": bc, "goals": len(gate_goals(benchmark)),
-                                "first_seed": p.gate_seed}
-            summary["gate0_passed"] = verdict["passed"]
-        write_json(out.metrics, summary)
-        log.info("%s: %s", benchmark, summary)
+            t0 = time.perf_counter()
+            table = EmbeddingTable.load(REAL / "embeddings.npz")
+            flags = gate_outcomes(benchmark, model, train, p, seed, kl.EnvSettings.for_benchmark(env_p, benchmark),
+                                  table)
+            # every episode's success, so that kalm_gate0 pools the seeds' episodes (not their rates)
+            metrics["gate0"] = {"rows": {row: success_summary(f) for row, f in flags.items()}, "episodes": flags,
+                                "goals": len(gate_goals(benchmark)), "first_seed": p.gate_seed,
+                                "seconds": round(time.perf_counter() - t0, 1)}
+            log.info("%s seed %d gate 0: %s", benchmark, seed, metrics["gate0"]["rows"])
+        with atomic_path(out.model, is_dir=True) as folder:
+            model.save(folder)
+            write_json(folder / "train.json", {**record, "env": fingerprint_line()})
+        metrics |= {"dtype": dtype_name(autocast_dtype(p, model.llm.device)),
+                    "seconds": round(time.perf_counter() - start, 1), "env": fingerprint_line()}
+        write_json(out.metrics, metrics)
+        log.info("%s seed %d: %s", benchmark, seed, {k: v for k, v in metrics.items() if k != "gate0"})
     if accelerator is not None:
         accelerator.end_training()
 

@@ -5,6 +5,8 @@ imagines at all. A level gets at least kalm.imagine.rollouts rollouts, every goa
 of the imagine split, at most the benchmark's horizon (never past kalm.ground.window). The grounded model then names each rollout's
 instruction (its trajectory -> instruction pattern); with kalm.imagine.labels = consistent only the rollouts it
 names after their own task are written for offline RL. Every rollout is replayed in the simulator, as a diagnostic.
+The model is the first grounding seed's (models/kalm/grounded/<benchmark>/<kalm.ground.seeds[0]>): one imagination
+per grounding seed would multiply kalm_imagine and every offline run that reads it; the other seeds count in gate 0.
 
 Writes data/kalm/imagine/<benchmark>_<level>.h5 (TrajectoryWriter; same layout as data/kalm/real,
 info["imaginary"] = True, rewards from label_rewards; the rollouts that feed offline RL),
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     seed_everything(p.seed)
     settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
     start = time.perf_counter()
-    model = GroundedLM.load(paths.kalm_ground(benchmark).model)
+    model = GroundedLM.load(paths.kalm_ground(benchmark, ground.seeds[0]).model)
     load_seconds = time.perf_counter() - start
     t0 = time.perf_counter()
     episodes = imagine_level(model, goals, p, settings, steps)

@@ -19,10 +19,12 @@ from llmrl.agents.teacher import (
     OraclePlanner,
     PlanDistribution,
     Planner,
+    RandomScorePlanner,
     ScoringPlanner,
     TablePlanner,
     TaskKind,
     TeacherPolicy,
+    UniformPlanner,
 )
 from llmrl.config.llm4teach import LLM4TeachTeacherParams
 from llmrl.envs.doorkey import ENV_IDS
@@ -84,10 +86,15 @@ def make_planner(key: str, teacher: str, p: LLM4TeachTeacherParams, *, offline: 
                  guard: FaultGuard | None = None) -> Planner:
     """The planner of a teacher kind. ``llm_score`` scores plans with the local model when planning (``offline``
     False) and replays the stored distributions otherwise; ``llm`` replays or fills the reply cache, its requests
-    under ``guard`` (the planning stage's fault policy; by default one of ``p.faults``)."""
+    under ``guard`` (the planning stage's fault policy; by default one of ``p.faults``); ``oracle`` and the scoring
+    teacher's controls ``uniform`` and ``random_score`` need no model."""
     kind = task_kind(key)
     if teacher == "oracle":
         return OraclePlanner(kind)
+    if teacher == "uniform":
+        return UniformPlanner(kind)
+    if teacher == "random_score":
+        return RandomScorePlanner(kind, p.random_score_seed)
     if teacher == "llm_score":
         if not offline:
             if p.backend != "local":

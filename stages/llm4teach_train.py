@@ -1,7 +1,8 @@
 """Stage llm4teach_train@<env>-<teacher>: PPO students on a DoorKey-family task, with an LLM teacher, the oracle
-teacher, or none (pure PPO), for the same frame budget, one per seed of ``llm4teach.train.seeds``.
+teacher, the scoring teacher's controls, or none (pure PPO, at its own learning rate), for the same frame budget,
+one per seed of ``llm4teach.train.seeds``.
 
-Usage: python -m stages.llm4teach_train <env> <llm|oracle|none>
+Usage: python -m stages.llm4teach_train <env> <teacher: llm|llm_score|uniform|random_score|oracle|none>
 The seeds train ``llm4teach.workers`` at a time, each alone in a single-threaded process. Writes, per seed k,
 models/llm4teach/<env>-<teacher>/seed-k/student.pt (state_dict + config), metrics/llm4teach/train/<env>-<teacher>/seed-k.json
 (the learning curve of greedy success on the curve levels, its area (AULC), the teacher's text and LLM reply
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from llmrl.algos.llm4teach_runs import train_grid_student
+from llmrl.algos.llm4teach_runs import gradient_steps, train_grid_student
 from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.envs.make import make_env
 from llmrl.eval.curves import aulc, grid_curve_measure
@@ -26,7 +27,7 @@ from stages.llm4teach_common import (THREADS, env_id, item_outputs, log_iteratio
 def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: Path, plots: Path) -> None:
     torch.set_num_threads(THREADS)  # also in a worker process of its own (llmrl.parallel)
     p = stage_params("llm4teach", LLM4TeachParams)
-    t = p.train
+    t = p.train.for_teacher(teacher_kind)
     run = f"{key}-{teacher_kind}-{seed}"
     eid = env_id(key)
     n_actions = int(make_env(eid).action_space.n)
@@ -47,8 +48,9 @@ def run_seed(key: str, teacher_kind: str, seed: int, *, models: Path, records: P
     history, curve = result.history, result.curve
 
     metrics = {"run": run, "env_id": eid, "teacher": teacher_kind, "seed": seed,
-               "frames": history[-1]["frames"], "iterations": len(history), "seconds": round(seconds, 1),
-               "cpu_seconds": round(cpu_seconds, 1),
+               "frames": history[-1]["frames"], "iterations": len(history),
+               "updates": gradient_steps(t.ppo, history[-1]["frames"], len(history)), "lr": t.ppo.lr,
+               "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
                "fps": round(history[-1]["frames"] / seconds, 1), "final_distill_coef": history[-1]["distill_coef"],
                "curve_success_final": curve[-1]["success_rate"], "aulc": aulc(curve, history[-1]["frames"]),
                "curve": curve}

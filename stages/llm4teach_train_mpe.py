@@ -2,7 +2,7 @@
 teacher, or none (pure MAPPO with a centralised critic), for the same frame budget, one per seed of
 ``llm4teach.mpe.seeds`` (``llm4teach.workers`` at a time, each alone in a single-threaded process).
 
-Usage: python -m stages.llm4teach_train_mpe <llm|oracle|none>
+Usage: python -m stages.llm4teach_train_mpe <teacher: llm|llm_score|uniform|random_score|oracle|none>
 Writes, per seed k, models/llm4teach/mpe-<teacher>/seed-k/student.pt, metrics/llm4teach/train/mpe-<teacher>/seed-k.json
 and dvclive curves under plots/llm4teach/train/mpe-<teacher>/seed-k/.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from llmrl.algos.llm4teach_runs import train_spread_student
+from llmrl.algos.llm4teach_runs import gradient_steps, train_spread_student
 from llmrl.config.llm4teach import LLM4TeachParams
 from llmrl.envs.mpe import N_ACTIONS
 from stages.common import log, open_live, stage_arguments, stage_params
@@ -34,7 +34,9 @@ def run_seed(teacher_kind: str, seed: int, *, models: Path, records: Path, plots
     history = result.history
     returns = [h["return_mean"] for h in history if "return_mean" in h]
     metrics = {"run": run, "env_id": "simple_spread_v3", "teacher": teacher_kind, "seed": seed,
-               "frames": history[-1]["frames"], "iterations": len(history), "seconds": round(seconds, 1),
+               "frames": history[-1]["frames"], "iterations": len(history),
+               "updates": gradient_steps(m.ppo, history[-1]["frames"], len(history)), "lr": m.ppo.lr,
+               "seconds": round(seconds, 1),
                "cpu_seconds": round(cpu_seconds, 1),
                "final_distill_coef": history[-1]["distill_coef"],
                "train_return_first": returns[0] if returns else None,

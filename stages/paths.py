@@ -150,7 +150,8 @@ def llm4teach_train_mpe(teacher: str) -> Outputs:
 
 def llm4teach_eval() -> Outputs:
     return Outputs("llm4teach_eval", eval=LLM4TEACH.metrics / "eval", episodes=LLM4TEACH.metrics / "episodes",
-                   result=LLM4TEACH.metrics / "result", report=LLM4TEACH.metrics / "report.json",
+                   result=LLM4TEACH.metrics / "result", claims=LLM4TEACH.metrics / "claims",
+                   report=LLM4TEACH.metrics / "report.json",
                    live=LLM4TEACH.plots / "eval")
 
 
@@ -159,14 +160,16 @@ def kalm_data() -> Outputs:
     return Outputs("kalm_data", real=KALM.data / "real", metrics=KALM.metrics / "data.json")
 
 
-def kalm_ground(benchmark: str) -> Outputs:
-    return Outputs(f"kalm_ground@{benchmark}", model=KALM.models / "grounded" / benchmark,
-                   plots=KALM.plots / "ground" / benchmark, metrics=KALM.metrics / f"ground_{benchmark}.json")
+def kalm_ground(benchmark: str, seed: int | str) -> Outputs:
+    """Grounding seed ``seed`` of ``benchmark``: its model, curves and metrics (gate 0's episodes included)."""
+    return Outputs(f"kalm_ground@{benchmark}-{seed}", model=KALM.models / "grounded" / benchmark / str(seed),
+                   plots=KALM.plots / "ground" / benchmark / str(seed),
+                   metrics=KALM.metrics / "ground" / benchmark / f"{seed}.json")
 
 
-def kalm_grounded_models() -> Path:
-    """The folder of every benchmark's grounded model (kalm_ground@<benchmark> writes one subfolder each)."""
-    return KALM.models / "grounded"
+def kalm_gate0(benchmark: str) -> Outputs:
+    """Gate 0 of ``benchmark`` pooled over its grounding seeds (kalm_ground@<benchmark>-<seed>)."""
+    return Outputs(f"kalm_gate0@{benchmark}", metrics=KALM.metrics / "gate0" / f"{benchmark}.json")
 
 
 def kalm_imagine(benchmark: str, level: str) -> Outputs:

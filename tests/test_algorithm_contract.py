@@ -35,6 +35,7 @@ import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
 from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS
 from llmrl.envs.mpe import SpreadBatch
+from llmrl.envs.kalm_babyai import OBS_DIM as BABYAI_OBS
 from llmrl.config.lora import LoraSettings
 from llmrl.llm.load import load_model
 
@@ -170,7 +171,7 @@ def _grounding_params():
     from llmrl.config.kalm import KalmGroundParams
 
     return KalmGroundParams(model="tiny", trajectory_samples=4, dynamics_samples=4, goal_samples=4, reverse_samples=4,
-                            window=4, epochs=0.5, batch_size=4, dtype="float32", lr=3e-3, warmup=0, seed=0)
+                            window=4, epochs=0.5, batch_size=4, dtype="float32", lr=3e-3, warmup=0, seeds=[0])
 
 
 def _grounding_run(seed):
@@ -272,7 +273,7 @@ def _offline_dataset():
     for n in (6, 8, 5, 7):
         term = np.zeros(n, bool)
         term[-1] = True
-        obs = rng.integers(0, 6, (n, 151)).astype(np.float32)
+        obs = rng.integers(0, 6, (n, BABYAI_OBS)).astype(np.float32)
         episodes.append(Episode(observations={"obs": obs, "next_obs": obs}, actions=rng.integers(0, 7, n),
                                 rewards=term.astype(np.float32), terminated=term, truncated=np.zeros(n, bool),
                                 mission="go to the red box", info={}))
@@ -332,7 +333,7 @@ def _props_grpo_run(seed):
     return SimpleNamespace(llm=llm), before
 
 
-OFFLINE_INPUT = np.random.default_rng(2).integers(0, 6, (4, 155)).astype(np.float32)  # 151 obs + 4 embedding
+OFFLINE_INPUT = np.random.default_rng(2).integers(0, 6, (4, BABYAI_OBS + 4)).astype(np.float32)  # obs + embedding
 
 
 ALGORITHMS = {

@@ -47,8 +47,9 @@ def test_make_bench_skips_it_without_a_step():
 
 def test_the_plan_runs_every_stage_after_the_stages_it_reads(gpu_paper, monkeypatch):
     plan = gpu_paper.resolve_plan(gpu_paper.compose_on_gpu())
-    assert [name for name, _ in plan["kalm"]][:3] == ["kalm_data", "kalm_ground@metaworld", "kalm_ground@babyai"]
+    ground = [f"kalm_ground@{b}-{s}" for b in ("metaworld", "babyai") for s in (0, 1, 2)]  # the paper's 3 seeds
+    assert [name for name, _ in plan["kalm"]][:7] == ["kalm_data", *ground]
     assert all(plan[m] for m in gpu_paper.METHODS)
     monkeypatch.setitem(gpu_paper.STAGES, "kalm", ("kalm_ground", "kalm_imagine"))
-    with pytest.raises(SystemExit, match=r"kalm_ground@\w+ reads data/kalm/real/\w+\.h5, written by kalm_data"):
+    with pytest.raises(SystemExit, match=r"kalm_ground@\w+-\d+ reads data/kalm/real/\w+\.h5, written by kalm_data"):
         gpu_paper.resolve_plan(gpu_paper.compose_on_gpu())

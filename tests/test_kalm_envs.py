@@ -67,7 +67,7 @@ def test_unknown_level_benchmark_and_task_raise_named_errors():
 
 def test_wrong_observation_size_raises_before_anything_is_written(tmp_path):
     goal = kl.goals("babyai", "train")[0]
-    with pytest.raises(kl.ObservationSizeError, match="size 151"):
+    with pytest.raises(kl.ObservationSizeError, match=f"size {bab.OBS_DIM}"):
         kl.obs_success(goal, np.zeros(39, np.float32))
     with pytest.raises(kl.ObservationSizeError, match="observations_next"):
         kl.label_rewards(goal, np.zeros((3, 150), np.float32))
@@ -163,6 +163,33 @@ def test_babyai_bot_data_is_labelled_by_the_rule():
         assert ep.rewards[-1] == 1.0 and ep.terminated[-1] and ep.rewards[:-1].sum() == 0
         np.testing.assert_array_equal(ep.observations["obs"][1:], ep.observations["next_obs"][:-1])
     assert rule_agreement(eps)["agreement"] == 1.0
+
+
+def test_babyai_compact_states_round_trip_through_the_data_format(tmp_path):
+    """What kalm_data records for BabyAI is the compact state: the bot's episodes written and read back hold, at
+    every step, the env's agent, carried object and objects, and the rule on the stored states labels them."""
+    from llmrl.data.trajectories import read_episodes
+
+    settings = kl.EnvSettings(max_steps=64)
+    goals = kl.one_per_task([g for g in kl.goals("babyai", "train") if g.task.startswith("pickup")])[:2]
+    eps = list(expert_episodes("babyai", goals, 1, seed=3, settings=settings))
+    with TrajectoryWriter(tmp_path / "babyai.h5") as writer:
+        writer.extend(eps)
+    back = read_episodes(tmp_path / "babyai.h5")
+    assert len(back) == len(eps)
+    for ep, got in zip(eps, back):
+        obs, nxt = got.observations["obs"], got.observations["next_obs"]
+        assert obs.shape == (len(ep), bab.OBS_DIM) and np.array_equal(obs, ep.observations["obs"])
+        np.testing.assert_array_equal(nxt, ep.observations["next_obs"])
+        env = kl.make_goal_env(kl.Goal("babyai", ep.info["task"], ep.mission, "train", "train"), ep.seed, settings)
+        start = bab.read_compact(obs[0])
+        level = env.unwrapped
+        assert start["agent"] == (*map(int, level.agent_pos), int(level.agent_dir)) and start["carrying"] is None
+        assert sorted(o[:2] for o in start["objects"]) == sorted((o.type, o.color) for o in level.room_grid[0][0].objs)
+        kind, colour = ep.info["task"].split(":")[2], ep.info["task"].split(":")[1]
+        assert bab.read_compact(nxt[-1])["carrying"] == (kind, colour)  # the bot picked the goal object up
+        assert [kl.obs_success(kl.Goal("babyai", ep.info["task"], ep.mission, "train", "train"), o)
+                for o in nxt] == [False] * (len(ep) - 1) + [True]
 
 
 def test_metaworld_scripted_push_and_two_stage_make_coffee():

@@ -218,8 +218,10 @@ def test_grounded_policy_acts_in_the_real_env(tmp_path):
     from llmrl.eval.harness import run_episode
 
     model = _model(True, obs_dim=kl.obs_dim("babyai"), action_dim=kl.action_spec("babyai").n)
-    model.save(tmp_path / "babyai")
-    agent = GroundedAgent.load(tmp_path)
+    model.save(tmp_path / "babyai" / "0")
+    with pytest.raises(FileNotFoundError, match="metaworld"):
+        GroundedAgent.load({"babyai": tmp_path / "babyai" / "0", "metaworld": tmp_path / "metaworld" / "0"})
+    agent = GroundedAgent.load({"babyai": tmp_path / "babyai" / "0"})
     goal = kl.goals("babyai", "easy")[0]
     env = kl.make_goal_env(goal, 0, kl.EnvSettings(max_steps=5))
     policy = agent.policy(goal)
@@ -277,8 +279,11 @@ def test_constant_training_dims_stay_bounded_when_they_vary_later():
 
 
 def test_babyai_states_are_categorical_and_imagined_codes_are_exact():
-    """BabyAI's grid codes are classes: real observations round-trip through the codec; the observation head's
-    argmax writes exact codes, so an imagined state can satisfy the goal's rule; training raises the accuracy."""
+    """BabyAI's compact state is categorical fields: one head block per field of kalm_babyai.compact_fields; real
+    states round-trip through the codec; the observation head's argmax writes a code in range for every field, so
+    the success rule reads an imagined state exactly (and fires on a decoded success state); training raises the
+    accuracy."""
+    from llmrl.envs import kalm_babyai as bab
     from llmrl.envs.kalm_episodes import expert_episodes
 
     model = _babyai_model()
@@ -287,11 +292,22 @@ def test_babyai_states_are_categorical_and_imagined_codes_are_exact():
     eps = list(expert_episodes("babyai", [goal], 3, seed=0, settings=settings))
     obs = torch.from_numpy(np.concatenate([e.observations["next_obs"] for e in eps]))
     codec = model.codec
-    assert codec.categorical and codec.features == 49 * (11 + 6 + 3) + 4
+    fields = bab.compact_fields()
+    assert model.spec.obs_dim == bab.OBS_DIM == len(fields) and [list(f) for f in fields] == model.spec.obs_fields
+    # agent x, y, direction, carried type, colour; per object slot type, colour, state, x, y: no continuous dim
+    assert codec.categorical and codec.features == codec.out_features == (16 + 16 + 4 + 11 + 6
+                                                                          + 8 * (11 + 6 + 3 + 16 + 16))
     torch.testing.assert_close(codec.decode(codec.encode(obs) * 10.0), obs)  # one-hot logits decode to the codes
     assert float(codec.loss(codec.encode(obs) * 50.0, obs)) < 1e-6
+    done = [e.observations["next_obs"][-1] for e in eps if e.terminated[-1]]
+    assert done and all(kl.obs_success(goal, codec.decode(codec.encode(torch.from_numpy(s[None])) * 10.0)[0].numpy())
+                        for s in done)
     _, nexts, _ = model.imagine([goal.instruction], obs[:1].numpy(), 3)
-    assert np.array_equal(nexts, np.round(nexts)) and nexts[..., -4:].sum(-1).tolist() == [[1.0, 1.0, 1.0]]
+    assert np.array_equal(nexts, np.round(nexts))
+    for start, classes, _kind in fields:
+        assert ((0 <= nexts[..., start]) & (nexts[..., start] < classes)).all()
+    for state in nexts.reshape(-1, bab.OBS_DIM):
+        assert isinstance(kl.obs_success(goal, state), bool) and bab.read_compact(state)["agent"]
     rng = np.random.default_rng(0)
     p = _params(trajectory_samples=12, dynamics_samples=12, goal_samples=4, reverse_samples=0, epochs=6.0,
                 batch_size=8, lr=1e-2, window=8)
@@ -466,6 +482,24 @@ def test_gate0_passes_only_clearly_above_random():
         gate0([], random)
     with pytest.raises(ValueError, match="random"):
         gate0([[True]], [])
+
+
+def test_gate0_pooled_over_seeds_trained_apart():
+    """kalm_gate0 pools the episodes each kalm_ground item recorded: the grounded episodes of every seed against
+    the random episodes of every seed, each seed's own verdict under its seed."""
+    from llmrl.eval.kalm import pool_gate0
+
+    seeds = {3: {"grounded": [True] * 40 + [False] * 60, "random": [True] * 3 + [False] * 97, "bc": [True] * 100},
+             7: {"grounded": [False] * 100, "random": [True] * 7 + [False] * 93, "bc": [False] * 100}}
+    pooled = pool_gate0(seeds)
+    assert pooled["grounded"]["episodes"] == 200 and pooled["grounded"]["success"] == 0.2
+    assert pooled["random"]["success"] == 0.05 and pooled["bc"]["success"] == 0.5 and pooled["seeds"] == [3, 7]
+    assert [(s["seed"], s["passed"]) for s in pooled["per_seed"]] == [(3, True), (7, False)]
+    assert pooled["passed"]  # 20 % [15, 26] over 200 episodes against 5 % [3, 8]
+    with pytest.raises(ValueError, match=r"seed 7 has no episodes of \['bc'\]"):
+        pool_gate0({**seeds, 7: {**seeds[7], "bc": []}})
+    with pytest.raises(ValueError, match="no grounding seed"):
+        pool_gate0({})
 
 
 def test_gate0_plays_training_goals_from_validation_starts():

@@ -18,7 +18,8 @@ from llmrl.envs import kalm_levels as kl
 from llmrl.eval.kalm import offline_act, random_act, run_level
 
 
-def _episode(length: int, mission: str, d: int = 151, imaginary: bool = False) -> Episode:
+def _episode(length: int, mission: str, d: int | None = None, imaginary: bool = False) -> Episode:
+    d = kl.obs_dim("babyai") if d is None else d
     rng = np.random.default_rng(length)
     obs = rng.integers(0, 6, (length, d)).astype(np.float32)
     term = np.zeros(length, bool)
@@ -74,8 +75,9 @@ def test_dataset_flags_every_episode_end_and_appends_the_embedding():
     assert len(ds.episodes) == 3  # no step dropped after a missing end flag
     assert [len(e.observations) for e in ds.episodes] == [5, 7, 4]
     assert ds.transition_count == 5 + 6 + 4  # a timeout episode has no transition out of its last step
-    assert ds.episodes[1].observations.shape == (7, 151 + 3)
-    np.testing.assert_array_equal(ds.episodes[1].observations[:, 151:], np.tile([0, 1, 0], (7, 1)))
+    d = kl.obs_dim("babyai")
+    assert ds.episodes[1].observations.shape == (7, d + 3)
+    np.testing.assert_array_equal(ds.episodes[1].observations[:, d:], np.tile([0, 1, 0], (7, 1)))
     with pytest.raises(MissingEmbeddingError, match="pick up"):
         build_dataset([_episode(3, "pick up the key")], table, "babyai")
 
@@ -120,18 +122,20 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
 
     goals, settings, episodes, table = tiny_goto
     # beta=0: no logit regularisation, so the loss is the imitation loss alone (d3rlpy's default 0.5 adds ~1.2)
-    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=600,
+    # 1000 updates: on the compact state's absolute cells the loss halves after ~600 (measured 0.95 -> 0.55 at 600,
+    # 0.16 at 1000), later than on an egocentric view
+    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=1000,
                        config={"batch_size": 64, "learning_rate": 1e-3, "beta": 0.0})
     learnable = make_learnable(algo, seed=0)
     rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai"), algo.steps, log_every=200))
-    assert [r["step"] for r in rows] == [200, 400, 600]
+    assert [r["step"] for r in rows] == [200, 400, 600, 800, 1000]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
     pool = kl.GoalEnvPool(settings)
     embeds = table.lookup([g.instruction for g in goals])
     policy = OfflinePolicy(learnable, embeds[0])
     trained = np.mean([o.success for o in run_level(offline_act(policy, embeds), goals, pool, 10, 20_000)])
     rand = np.mean([o.success for o in run_level(random_act("babyai", 0), goals, pool, 10, 20_000)])
-    assert trained >= rand + 0.15, (trained, rand)  # measured: 0.50 vs 0.25 (seed 0), 0.475 (seed 1)
+    assert trained >= rand + 0.15, (trained, rand)  # measured: 0.45 at 600 updates, 0.575 at 2000, random 0.15
     # save -> d3rlpy.load_learnable round trip gives the same actions
     save_learnable(learnable, tmp_path / "model.d3")
     loaded = OfflinePolicy.load(tmp_path / "model.d3", embeds[0])

@@ -455,13 +455,14 @@ def test_aulc_is_mean_success_over_training():
 
 def test_beats_random_needs_the_whole_seed_interval_above_random():
     steady = aggregate_seeds([[0.6] * 50 + [0.4] * 50] * 5)  # every seed at 0.5
-    assert beats_random(steady, 0.3) and not beats_random(steady, 0.5)
+    fixed = aggregate_seeds([[0.3] * 100])  # random at 0.3 on every episode: a zero-width interval
+    assert beats_random(steady, fixed) and not beats_random(steady, aggregate_seeds([[0.5] * 100]))
     # same mean, but one seed of five fails: the seed-level interval reaches down to random
     shaky = aggregate_seeds([[1.0] * 100] * 2 + [[0.25] * 100] * 2 + [[0.0] * 100])
-    assert shaky.value == pytest.approx(0.5) and not beats_random(shaky, 0.3)
+    assert shaky.value == pytest.approx(0.5) and not beats_random(shaky, fixed)
     # returns where lower is better (costs)
-    assert beats_random(aggregate_seeds([[-10.0, -11.0]] * 5), -27.0)
-    assert beats_random(aggregate_seeds([[5.0, 6.0]] * 5), 9.0, higher_is_better=False)
+    assert beats_random(aggregate_seeds([[-10.0, -11.0]] * 5), aggregate_seeds([[-27.0, -26.0]]))
+    assert beats_random(aggregate_seeds([[5.0, 6.0]] * 5), aggregate_seeds([[9.0, 10.0]]), higher_is_better=False)
 
 
 def test_result_check_needs_target_and_weak_ppo():

@@ -98,7 +98,7 @@ def results(tmp_path_factory) -> Path:
     _write(root, f"{door}/teacher_oracle.json",
            {"env": ENV, "greedy": _mode((1.0, 0.963, 1.0), (0.8816, 0.8684, 0.8942))})
     _write(root, f"{door}/student_oracle.json",
-           {"env": ENV, "aulc": 0.175, "beats_random": True,
+           {"env": ENV, "aulc": 0.175, "beats_random": True, "frames": 30720, "updates": 720,
             "greedy": _mode((0.306, 0.138, 0.476), (0.2683, 0.1236, 0.4114), seeds=5, episodes=500)})
     _write(root, f"{door}/ppo.json", {"env": ENV, "aulc": 0.0, "beats_random": False,
                                       "greedy": _mode((0.0, 0.0, 0.0076), (0.0, 0.0, 0.0), seeds=5, episodes=500)})
@@ -111,6 +111,9 @@ def results(tmp_path_factory) -> Path:
                                        "greedy": _mode(ret=(-29.7, -31.5253, -28.0477), seeds=5, episodes=500)})
     _write(root, f"{mpe}/random.json", {"env": ENV, "sampled": _mode(ret=(-27.0866, -28.4351, -25.6288))})
     _write(root, f"{m}/llm4teach/result/simpledoorkey.json", {"met_oracle": False})
+    _write(root, f"{m}/llm4teach/claims/simpledoorkey.json", {"greedy": {
+        "llm_scores_help": False, "seeds": 5, "episodes": 100, "vs_random_score": 0.21, "vs_random_score_lo": 0.05,
+        "vs_random_score_hi": 0.37, "vs_uniform": 0.08, "vs_uniform_lo": -0.06, "vs_uniform_hi": 0.2}})
     _write(root, f"{m}/llm4teach/report.json", {"simpledoorkey": {"result": {
         "met_oracle": False, "mode": "greedy", "ppo_ceiling": 0.5, "statistic": "mean over seeds of per-seed success",
         "target": 0.9}}})
@@ -141,7 +144,7 @@ def results(tmp_path_factory) -> Path:
                 "rollouts": 52, "step_l2": 17.01009, "step_mae": 0.85398, "transitions_per_s": 77.1,
                 "replay_success": replay_success, "replay_success_given_imagined": None,
                 "replay_success_consistent": 0.05})
-    _write(root, "plots/kalm/ground/babyai/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
+    _write(root, "plots/kalm/ground/babyai/0/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
     # ProPS
     for method, ret, extra in (("props", (43.2833, 28.1833, 68.1187), {"parse_failure": 0.75, "llm_proposed": 0.625}),
                                ("cem", (200.0, 200.0, 200.0), {})):
@@ -183,7 +186,8 @@ def _md_row(md: str, *cells: str) -> str:
 
 
 TABLE_IDS = ["baselines-BabyAI-GoToLocal-v0", "glam-eval-BabyAI-Text-GoToObjS4-v0", "glam-generalisation",
-             "llm_rl-eval", "llm4teach-mpe", "llm4teach-simpledoorkey", "llm4teach-result", "kalm-babyai", "kalm-babyai-claims",
+             "llm_rl-eval", "llm4teach-mpe", "llm4teach-simpledoorkey", "llm4teach-result", "llm4teach-claims",
+             "kalm-babyai", "kalm-babyai-claims",
              "kalm-imagination",
              "props-cartpole", "props-heldout", "props-heldout-comparisons"]
 
@@ -206,7 +210,10 @@ def test_every_method_table_with_the_numbers_the_metrics_hold(results, tmp_path)
     assert _md_row(md, "base", "greedy", "0.21", "[0.14, 0.2998]", "1", "100").count("| — |") == 1  # no vs base
     for series in ("reinforce_kl seed-0", "reinforce_kl seed-2", "grpo seed-1"):  # one training curve per seed
         assert series in html
-    _md_row(md, "student_oracle", "student", "greedy", "0.306", "[0.138, 0.476]", "0.175")
+    _md_row(md, "student_oracle", "student", "greedy", "0.306", "[0.138, 0.476]", "0.175", "30720", "720")
+    # the LLM's scores do not help where one control's paired interval reaches 0
+    _md_row(md, "simpledoorkey", "greedy", "random_score: 0.21 [0.05, 0.37]; uniform: 0.08 [-0.06, 0.2]", "no",
+            "5", "100")
     _md_row(md, "simpledoorkey", "student_oracle", "greedy", "0.9", "0.5", "not met")
     _md_row(md, "babyai-dbc", "real", "0.4111 [0.3111, 0.5111]", "0.3722", "3", "90")
     _md_row(md, "babyai-dbc", "real + imagined", "0.3111 [0.2111, 0.4111]", "0.2667")

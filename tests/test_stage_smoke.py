@@ -44,8 +44,9 @@ PAPER_ON_CPU = {
               "transfer": {"tasks": ["mountaincar_continuous"]},
               "grpo": {"device": None, "dtype": "auto", "threads": 1, "trainer": {"bf16": False}}},
 }
-# The default profile's teachers on MPE (the paper profile has no scoring teacher: its planner answers unopened).
-DEFAULT_TEACHERS = {"llm4teach": {"mpe": {"teachers": ["llm", "llm_score", "none"]}}}
+# The default profile's teachers on MPE, the scoring teacher with its controls (the paper profile has no scoring
+# teacher: its planner answers unopened).
+DEFAULT_TEACHERS = {"llm4teach": {"mpe": {"teachers": ["llm", "llm_score", "uniform", "random_score", "none"]}}}
 SCENARIOS = {"default": ([], DEFAULT_TEACHERS), "paper": ([f"{m}=paper" for m in METHODS], PAPER_ON_CPU)}
 LANES = (("llm_rl", "glam", "llm4teach"), ("kalm", "props"))  # one process each, side by side
 

@@ -8,6 +8,7 @@ the action: argmax (greedy) or a softmax sample for discrete actions, the raw ou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +49,22 @@ class GroundedPolicy:
 
 
 class GroundedAgent:
-    """The grounded models of ``models/kalm/grounded/<benchmark>/``, loaded once."""
+    """One grounded model per benchmark, loaded once."""
 
     def __init__(self, models: dict[str, GroundedLM]):
         self.models = models
 
     @classmethod
-    def load(cls, model_dir: str | Path, *, base_model: str | None = None) -> GroundedAgent:
-        root = Path(model_dir)
-        models = {b: GroundedLM.load(root / b, base_model=base_model) for b in kl.BENCHMARKS
-                  if (root / b / CONFIG_FILE).is_file()}
-        if not models:
-            raise FileNotFoundError(f"{root}: no grounded model (<benchmark>/{CONFIG_FILE}) for any of "
-                                    f"{list(kl.BENCHMARKS)}")
-        return cls(models)
+    def load(cls, folders: Mapping[str, str | Path], *, base_model: str | None = None) -> GroundedAgent:
+        """The models saved in ``folders`` (benchmark -> a ``GroundedLM.save`` folder)."""
+        unknown = sorted(set(folders) - set(kl.BENCHMARKS))
+        if unknown:
+            raise ValueError(f"GroundedAgent.load: unknown benchmarks {unknown} (known: {list(kl.BENCHMARKS)})")
+        missing = {b: str(f) for b, f in folders.items() if not (Path(f) / CONFIG_FILE).is_file()}
+        if not folders or missing:
+            raise FileNotFoundError(f"GroundedAgent.load: no grounded model ({CONFIG_FILE}) in "
+                                    f"{missing or 'any folder'}")
+        return cls({b: GroundedLM.load(Path(f), base_model=base_model) for b, f in folders.items()})
 
     def policy(self, goal: kl.Goal, temperature: float = 1.0) -> GroundedPolicy:
         if goal.benchmark not in self.models:

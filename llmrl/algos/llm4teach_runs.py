@@ -20,14 +20,26 @@ from llmrl.algos import distilled_ppo, mappo
 from llmrl.algos.distilled_ppo import make_vector_env
 from llmrl.algos.mappo import make_mappo_agent
 from llmrl.config.llm4teach import LLM4TeachMPEParams, LLM4TeachTrainParams
+from llmrl.config.ppo import PPOParams
 import llmrl.envs.doorkey  # noqa: F401  (registers the DoorKey family the grid students train on)
 from llmrl.envs.make import make_env
 from llmrl.envs.mpe import SpreadBatch
 from llmrl.seeding import seed_everything
 
-__all__ = ["Measure", "TeachRun", "train_grid_student", "train_spread_student"]
+__all__ = ["Measure", "TeachRun", "gradient_steps", "train_grid_student", "train_spread_student"]
 
 Measure = Callable[[nn.Module, int], dict]
+
+
+def gradient_steps(cfg: PPOParams, frames: int, iterations: int) -> int:
+    """Optimizer steps of a run of ``iterations`` that collected ``frames`` samples: each iteration, ``cfg.epochs``
+    passes of ``cfg.minibatch_size`` minibatches over its samples (both trainers count a sample as a frame; MAPPO's
+    frames are joint steps x agents), the last minibatch of a pass possibly short."""
+    if iterations < 1 or frames < iterations:
+        raise ValueError(f"frames, iterations: need iterations >= 1 and frames >= iterations, got {frames}, "
+                         f"{iterations}")
+    per_iteration = frames // iterations
+    return iterations * cfg.epochs * -(-per_iteration // cfg.minibatch_size)
 
 
 @dataclass

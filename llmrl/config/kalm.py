@@ -37,7 +37,8 @@ class KalmEnvParams(Section):
                                      "evaluation alike (metaworld's own is 500; scripted experts finish the "
                                      "training tasks in 30-120 steps)")
     babyai_max_steps: int = Field(64, gt=0, description="BabyAI step cap (BabyAI's own: room_size² per navigation)")
-    babyai_room_size: int = Field(8, ge=5, description="BabyAI room side in cells, walls included")
+    babyai_room_size: int = Field(8, ge=5, le=16, description="BabyAI room side in cells, walls included (at most "
+                                  "kalm_babyai.MAX_ROOM_SIZE: the compact state's position classes)")
     babyai_num_distractors: int = Field(4, ge=0, description="BabyAI objects besides the goal object(s)")
 
 
@@ -173,8 +174,8 @@ class KalmGroundParams(Section):
                                 "(CUDA with bf16; a CPU with AVX-512-BF16/AMX when LLMRL_PIN_KERNELS=0), else fp32; "
                                 "recorded in the metrics")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="grounding seeds (sampling, "
-                             "initialisation, batch order), trained one after another; the first seed's model is "
-                             "the one saved for imagination and evaluation, every seed's gate 0 is recorded")
+                             "initialisation, batch order), one kalm_ground item each; imagination and the "
+                             "grounded-LLM row of kalm_eval read the first seed's model, gate 0 pools every seed")
     gate_episodes: int = Field(0, ge=0, description="gate 0: closed-loop episodes per grounding seed and row "
                                "(grounded model, random actions, BC), at least, on the training goals (one "
                                "phrasing per task, every task equally) from validation starts in the real "

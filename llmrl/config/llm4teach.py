@@ -10,11 +10,24 @@ from llmrl.config import DTYPE_HELP, TIER_HELP, ComputeDType, Section, TierName
 from llmrl.config.llm_faults import LLMFaultParams
 from llmrl.config.ppo import DistillParams, PPOParams
 
-__all__ = ["EnvKey", "TeacherKind", "LLM4TeachTeacherParams", "LLM4TeachStudentParams", "LLM4TeachTrainParams",
-           "LLM4TeachMPEParams", "LLM4TeachValidationParams", "LLM4TeachEvalParams", "LLM4TeachParams"]
+__all__ = ["EnvKey", "TeacherKind", "SCORE_CONTROLS", "LLM4TeachTeacherParams", "LLM4TeachStudentParams",
+           "LLM4TeachTrainParams", "LLM4TeachMPEParams", "LLM4TeachValidationParams", "LLM4TeachEvalParams", "LLM4TeachParams"]
 
 EnvKey = Literal["simpledoorkey", "lavadoorkey", "coloreddoorkey", "twodoor"]
-TeacherKind = Literal["llm", "llm_score", "oracle", "none"]
+TeacherKind = Literal["llm", "llm_score", "uniform", "random_score", "oracle", "none"]
+# The scoring teacher's controls: its candidate plans with equal or random scores, so a student's gain from the
+# candidate set is told apart from the gain the LLM's scores add (llmrl.eval.llm4teach.scores_help).
+SCORE_CONTROLS = ("uniform", "random_score")
+TEACHERS_HELP = ("llm (sampled replies), llm_score (the LLM's log-probs of every admissible plan, softmax), uniform "
+                 "and random_score (llm_score's controls: the same plans with equal or random scores; required "
+                 "beside llm_score), oracle, none (pure PPO)")
+
+
+def _controls_beside_scoring(teachers: list[str], where: str) -> None:
+    missing = [c for c in SCORE_CONTROLS if c not in teachers]
+    if "llm_score" in teachers and missing:
+        raise ValueError(f"{where}: llm_score needs its controls {missing} in the same list (without them no claim "
+                         "about the LLM's scores can be made)")
 
 
 class LLM4TeachTeacherParams(Section):
@@ -43,6 +56,8 @@ class LLM4TeachTeacherParams(Section):
                                "the full three-part answer (original prompt protocol)")
     stop: list[str] = Field(default_factory=lambda: ["\n"], description="stop strings of a reply")
     fallback_plan: str = Field("explore", min_length=1, description="plan used when no reply for a text is valid")
+    random_score_seed: int = Field(0, ge=0, description="seed of the random_score control teacher's scores (drawn "
+                                   "once per observation text)")
     batch_size: int = Field(10, gt=0, description="replies decoded together from one shared prompt prefill (local)")
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
@@ -57,20 +72,32 @@ class LLM4TeachStudentParams(Section):
 
 class LLM4TeachTrainParams(Section):
     envs: list[EnvKey] = Field(min_length=1, description="DoorKey-family environments to train on")
-    teachers: list[TeacherKind] = Field(min_length=1, description="llm (sampled replies), llm_score (the LLM's "
-                                        "log-probs of every admissible plan, softmax), oracle, none (pure PPO)")
+    teachers: list[TeacherKind] = Field(min_length=1, description=TEACHERS_HELP)
     seeds: list[int] = Field(min_length=1, description="training seeds (env and torch)")
-    ppo: PPOParams = Field(description="the student's PPO")
+    ppo: PPOParams = Field(description="the students' PPO (and pure PPO's but for pure_ppo_lr)")
+    pure_ppo_lr: float | None = Field(None, gt=0, description="pure PPO's (teacher none) learning rate, picked "
+                                      "for it alone on the validation levels at the students' frame budget "
+                                      "(scripts/llm4teach_select.py ppo); null: ppo.lr, the students' pick")
     distill: DistillParams = Field(DistillParams(), description="the teacher's weight in the student's loss")
     student: LLM4TeachStudentParams = Field(LLM4TeachStudentParams(), description="the student network")
     curve_points: int = Field(8, gt=0, description="greedy evaluations along training (learning curve, AULC)")
     curve_episodes: int = Field(20, gt=0, description="episodes per learning-curve evaluation")
     curve_seed: int = Field(500000, ge=0, description="first learning-curve level seed (apart from eval seeds)")
 
+    @model_validator(mode="after")
+    def _controls(self) -> LLM4TeachTrainParams:
+        _controls_beside_scoring(self.teachers, "llm4teach.train.teachers")
+        return self
+
+    def for_teacher(self, teacher: str) -> LLM4TeachTrainParams:
+        """The settings a run with ``teacher`` trains with: pure PPO takes its own learning rate."""
+        if teacher == "none" and self.pure_ppo_lr is not None:
+            return self.model_copy(update={"ppo": self.ppo.model_copy(update={"lr": self.pure_ppo_lr})})
+        return self
+
 
 class LLM4TeachMPEParams(Section):
-    teachers: list[TeacherKind] = Field(min_length=1, description="llm, llm_score, oracle (as for the DoorKey "
-                                        "family), none (pure MAPPO)")
+    teachers: list[TeacherKind] = Field(min_length=1, description="as for the DoorKey family; none: pure MAPPO")
     seeds: list[int] = Field(min_length=1, description="training seeds")
     n_agents: int = Field(3, ge=2, le=3, description="agents = landmarks (the teacher's text assumes 3)")
     max_cycles: int = Field(25, gt=0, description="episode length")
@@ -78,6 +105,11 @@ class LLM4TeachMPEParams(Section):
     hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="actor/critic MLP widths")
     ppo: PPOParams = Field(description="MAPPO's PPO")
     distill: DistillParams = Field(DistillParams(), description="the teacher's weight in the students' loss")
+
+    @model_validator(mode="after")
+    def _controls(self) -> LLM4TeachMPEParams:
+        _controls_beside_scoring(self.teachers, "llm4teach.mpe.teachers")
+        return self
 
 
 class LLM4TeachValidationParams(Section):

@@ -1,4 +1,4 @@
-"""BabyAI goal environments for KALM: one room, a goal given as a structured task, a flat vector observation.
+"""BabyAI goal environments for KALM: one room, a goal given as a structured task, a compact state observation.
 
 A task is a string of one or two steps joined by ``>`` ("then"): ``goto:<colour>:<type>`` or
 ``pickup:<colour>:<type>``, e.g. ``pickup:red:ball>goto:blue:box`` = "pick up the red ball, then carry it to the
@@ -9,10 +9,12 @@ before walking on), which no single observation can check. The level is minigrid
 random with ``num_distractors`` other objects, none of which matches a goal object's colour and type.
 The mission string the agent sees is the goal's instruction text (a paraphrase), not BabyAI's surface form.
 
-Observation (``OBS_DIM`` = 151 float32): the 7×7×3 egocentric view (object type, colour, state indices from
-``minigrid.core.constants``), row-major over (x, y, channel) as ``obs["image"]`` is laid out, then the agent's
-direction one-hot (4). The agent sits at view cell (3, 6) facing cell (3, 5); minigrid draws the carried object
-into the agent's own cell (3, 6), so what is in front and what is carried are both read from the observation.
+Observation (``OBS_DIM`` = 45 float32): the room's compact, exact state, what CLEVR-Robot's object vector is to
+KALM (``compact_state``; layout below): the agent's position and direction, the carried object, and every object's
+type, colour, door state and position, each dim one categorical field (``obs_fields``) with minigrid's codes
+(``minigrid.core.constants``). A step changes a few fields, where an egocentric view is rewritten on every turn;
+the success rule reads it exactly (``compact_success``, BabyAI's verifier's conditions). Positions are absolute
+grid cells, so rooms up to ``MAX_ROOM_SIZE`` cells a side fit the fields.
 Actions: minigrid's 7 discrete actions (left, right, forward, pickup, drop, toggle, done).
 """
 
@@ -24,18 +26,14 @@ from minigrid.core.constants import COLOR_TO_IDX, DIR_TO_VEC, OBJECT_TO_IDX, STA
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
 
-__all__ = ["OBS_DIM", "N_ACTIONS", "COLOURS", "OBJECT_TYPES", "FRONT_CELL", "AGENT_CELL", "BadTaskError",
-           "parse_task", "cell_holds", "obs_fields", "make_babyai_env", "MAX_OBJECTS", "compact_dim",
-           "compact_fields", "compact_state", "read_compact", "compact_success"]
+__all__ = ["OBS_DIM", "N_ACTIONS", "COLOURS", "OBJECT_TYPES", "BadTaskError", "parse_task", "obs_fields",
+           "make_babyai_env", "MAX_OBJECTS", "MAX_ROOM_SIZE", "compact_dim", "compact_fields", "compact_state",
+           "read_compact", "compact_success"]
 
-VIEW = 7
-OBS_DIM = VIEW * VIEW * 3 + 4
 N_ACTIONS = 7
 COLOURS = ("red", "green", "blue", "purple", "yellow", "grey")
 OBJECT_TYPES = ("ball", "box", "key")
 VERBS = ("goto", "pickup")
-FRONT_CELL = (3, 5)
-AGENT_CELL = (3, 6)
 
 
 class BadTaskError(ValueError):
@@ -118,59 +116,32 @@ class KalmBabyAILevel(RoomGridLevel):
         self.mission = self.instruction
 
 
-def obs_fields() -> list[tuple[int, int, str]]:
-    """The observation as categorical fields (first dim, classes, kind): each view cell's type, colour and state
-    code ("index": one dim holding the class id) and the direction ("onehot": 4 dims). Every dim is covered, so a
-    model that predicts a class per field writes an observation with exact codes."""
-    fields = []
-    for cell in range(VIEW * VIEW):
-        for channel, classes in enumerate((len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX))):
-            fields.append((3 * cell + channel, classes, "index"))
-    fields.append((VIEW * VIEW * 3, 4, "onehot"))
-    return fields
-
-
-def flatten_obs(obs: dict) -> np.ndarray:
-    """minigrid's dict observation -> the 151-d vector described in the module docstring."""
-    direction = np.zeros(4, dtype=np.float32)
-    direction[int(obs["direction"])] = 1.0
-    return np.concatenate([np.asarray(obs["image"], dtype=np.float32).reshape(-1), direction])
-
-
-def view_cell(obs_vec: np.ndarray, x: int, y: int) -> np.ndarray:
-    """(type, colour, state) of view cell (x, y) from a flat observation."""
-    image = np.asarray(obs_vec[: VIEW * VIEW * 3]).reshape(VIEW, VIEW, 3)
-    return image[x, y]
-
-
-def cell_holds(obs_vec: np.ndarray, cell: tuple[int, int], colour: str, kind: str) -> bool:
-    t, c, _s = view_cell(obs_vec, *cell)
-    return int(round(float(t))) == OBJECT_TO_IDX[kind] and int(round(float(c))) == COLOR_TO_IDX[colour]
-
-
-class FlatObsWrapper(gym.ObservationWrapper):
-    """Dict observation -> flat float32 vector; ``info["success"]`` = BabyAI's reward on a terminal step."""
+class CompactObsWrapper(gym.Wrapper):
+    """Observations are the compact state (``compact_state``); ``info["success"]`` = BabyAI's reward on a terminal
+    step."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self.observation_space = gym.spaces.Box(0.0, 10.0, (OBS_DIM,), np.float32)
-
-    def observation(self, observation):
-        return flatten_obs(observation)
+        high = max(len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX), MAX_ROOM_SIZE) - 1
+        self.observation_space = gym.spaces.Box(0.0, float(high), (OBS_DIM,), np.float32)
 
     def reset(self, **kwargs):
-        obs, info = super().reset(**kwargs)
-        return obs, {**info, "success": False}
+        _obs, info = self.env.reset(**kwargs)
+        return compact_state(self.env), {**info, "success": False}
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = super().step(action)
-        return obs, reward, terminated, truncated, {**info, "success": bool(terminated and reward > 0)}
+        _obs, reward, terminated, truncated, info = self.env.step(action)
+        return compact_state(self.env), reward, terminated, truncated, {**info,
+                                                                        "success": bool(terminated and reward > 0)}
 
 
 def make_babyai_env(task: str, instruction: str, seed: int | None = None, *, room_size: int = 7,
                     num_distractors: int = 3, max_steps: int = 64) -> gym.Env:
-    env = FlatObsWrapper(KalmBabyAILevel(task, instruction, room_size=room_size,
-                                         num_distractors=num_distractors, max_steps=max_steps))
+    if room_size > MAX_ROOM_SIZE:
+        raise ValueError(f"room_size {room_size} (kalm.env.babyai_room_size): the compact state's position fields "
+                         f"hold rooms up to MAX_ROOM_SIZE = {MAX_ROOM_SIZE} cells")
+    env = CompactObsWrapper(KalmBabyAILevel(task, instruction, room_size=room_size,
+                                            num_distractors=num_distractors, max_steps=max_steps))
     if seed is not None:
         env.reset(seed=seed)
     return env
@@ -182,6 +153,8 @@ def make_babyai_env(task: str, instruction: str, seed: int | None = None, *, roo
 # doors (type 0: empty slot; x = y = 0: off the grid, i.e. carried: walls fill row and column 0, so no object sits
 # there). Exact and absolute where the egocentric view is rewritten on every turn: a step changes a few fields.
 MAX_OBJECTS = 8
+# position classes of every room (kalm.env.babyai_room_size at most this): one model spec for any room size
+MAX_ROOM_SIZE = 16
 _AGENT, _SLOT = 5, 5
 
 
@@ -189,8 +162,12 @@ def compact_dim() -> int:
     return _AGENT + _SLOT * MAX_OBJECTS
 
 
-def compact_fields(room_size: int) -> list[tuple[int, int, str]]:
-    """The compact state's categorical fields (first dim, classes, "index") for a room of ``room_size`` cells."""
+OBS_DIM = compact_dim()
+
+
+def compact_fields(room_size: int = MAX_ROOM_SIZE) -> list[tuple[int, int, str]]:
+    """The compact state's categorical fields (first dim, classes, "index") for rooms of up to ``room_size`` cells
+    a side."""
     n_types, n_colours, n_states = len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX)
     fields = [(0, room_size, "index"), (1, room_size, "index"), (2, 4, "index"), (3, n_types, "index"),
               (4, n_colours, "index")]
@@ -205,6 +182,12 @@ def _door_state(obj) -> int:
     if obj.type != "door":
         return 0
     return STATE_TO_IDX["locked" if obj.is_locked else "open" if obj.is_open else "closed"]
+
+
+def obs_fields() -> list[tuple[int, int, str]]:
+    """The observation's categorical fields: every dim of the compact state, one class per code, so a model that
+    predicts a class per field writes an exact state."""
+    return compact_fields(MAX_ROOM_SIZE)
 
 
 def compact_state(env) -> np.ndarray:

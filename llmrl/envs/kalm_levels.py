@@ -7,7 +7,8 @@ Benchmarks (``BENCHMARKS``):
   faucet-open, coffee-push, coffee-button), 12 phrasings each: 8 train, 2 validation, 2 test (*rephrase*).
   *easy*: reach-wall, push-wall, pick-place-wall, button-press-wall, door-lock, door-close, window-close,
   faucet-close. *hard*: hammer, soccer, make-coffee, locked-door-open (two-stage, composed here).
-- ``babyai`` — discrete, 7 actions, 151-d observations (``llmrl.envs.kalm_babyai``). Stands in for CLEVR-Robot
+- ``babyai`` — discrete, 7 actions, 45-d compact states: agent, carried object, objects' type, colour, door state
+  and position, each a categorical field (``llmrl.envs.kalm_babyai``). Stands in for CLEVR-Robot
   (as in KALM's follow-up ImagineBench). Task types go-to and pick-up over 3 object types × 6 colours.
   Training: every (colour, type) combination except ``HELD_OUT_COMBOS``, canonical and paraphrased missions
   (6 train templates per verb); validation: 2 held-out templates; *rephrase*: 2 further held-out templates on the
@@ -29,9 +30,9 @@ benchmarks at the pipeline's parameters).
 The observation success rule ``obs_success(goal, obs)`` decides success from one observation, so rewards are
 labelled identically on real and imagined data (``label_rewards``) and imagined rollouts know when to stop:
 
-- babyai: every step's object must be where the step puts it: go-to → the goal object is in the cell in front
-  of the agent (view cell (3, 5)); pick-up → the agent carries it (minigrid draws the carried object in the
-  agent's own view cell (3, 6)). For "pick up X, then go to Y": carries X and faces Y.
+- babyai: every step's object must be where the step puts it, read from the compact state
+  (``kalm_babyai.compact_success``): go-to → the goal object is in the cell the agent faces; pick-up → the agent
+  carries it. For "pick up X, then go to Y": carries X and faces Y.
 - metaworld: the distance between the task's tracked point and the goal (obs[36:39]) on the axes metaworld's own
   success uses, below the same threshold (``METAWORLD_RULES``): e.g. reach — hand obs[0:3], all axes, 0.05;
   button-press — object obs[4:7], y only, 0.02; hammer — the nail obs[11:14], y, 0.01 (metaworld checks the nail
@@ -289,8 +290,8 @@ def obs_dim(benchmark: str) -> int:
 
 
 def obs_fields(benchmark: str) -> list[tuple[int, int, str]]:
-    """Categorical fields of the benchmark's observation as (first dim, classes, kind): BabyAI's grid codes and
-    direction (``kalm_babyai.obs_fields``); none for Meta-World (continuous)."""
+    """Categorical fields of the benchmark's observation as (first dim, classes, kind): every field of BabyAI's
+    compact state (``kalm_babyai.obs_fields``); none for Meta-World (continuous)."""
     if benchmark not in BENCHMARKS:
         raise UnknownLevelError(f"benchmark {benchmark!r}: known are {list(BENCHMARKS)}")
     return [] if benchmark == "metaworld" else bab.obs_fields()
@@ -299,7 +300,8 @@ def obs_fields(benchmark: str) -> list[tuple[int, int, str]]:
 def obs_copies(benchmark: str) -> list[tuple[int, int]]:
     """(dim of s', dim of s) pairs a step copies exactly. Meta-World: the previous-frame block [18:36] of s' is
     [0:18] of s, and the goal [36:39] stays (within a single-stage task: the composed two-stage tasks change their
-    goal at the stage switch, which a copy cannot follow; they are test goals only). BabyAI: none."""
+    goal at the stage switch, which a copy cannot follow; they are test goals only). BabyAI: none (its categorical
+    heads predict every field, the unchanged ones included)."""
     if benchmark not in BENCHMARKS:
         raise UnknownLevelError(f"benchmark {benchmark!r}: known are {list(BENCHMARKS)}")
     if benchmark == "babyai":
@@ -458,12 +460,7 @@ def obs_success(goal: Goal, obs: np.ndarray) -> bool:
     if o.ndim != 1:
         raise ObservationSizeError(f"obs_success: one observation expected, got shape {o.shape}")
     if goal.benchmark == "babyai":
-        steps = bab.parse_task(goal.task)
-        ok = True
-        for verb, colour, kind in steps:
-            cell = bab.FRONT_CELL if verb == "goto" else bab.AGENT_CELL
-            ok = ok and bab.cell_holds(o, cell, colour, kind)
-        return bool(ok)
+        return bab.compact_success(goal.task, o)
     point, axes, threshold = METAWORLD_RULES[goal.task]
     if goal.task in METAWORLD_STAGE_GUARD:
         low, high = METAWORLD_STAGE_GUARD[goal.task]

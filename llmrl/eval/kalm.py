@@ -39,7 +39,7 @@ from llmrl.eval.stats import compare_intervals, wilson_interval
 
 __all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
            "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality", "gate_goals", "closed_loop",
-           "success_summary", "gate0"]
+           "success_summary", "gate0", "pool_gate0"]
 
 # act(obs [n, d], goal indices [n], episode indices [n]) -> actions [n, ...]
 BatchAct = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -273,6 +273,28 @@ def gate0(grounded: Sequence[Sequence[bool]], random: Sequence[bool], confidence
     return {"passed": compare_intervals(pooled, rand) == "higher", "grounded": pooled, "random": rand,
             "per_seed": [{**s, "passed": compare_intervals(s, rand) == "higher"} for s in per_seed],
             "rule": "grounded Wilson lower bound > random Wilson upper bound", "confidence": confidence}
+
+
+GATE_ROWS = ("grounded", "random", "bc")
+
+
+def pool_gate0(seeds: dict[int, dict[str, Sequence[bool]]], confidence: float = 0.95) -> dict:
+    """Gate 0 over grounding seeds trained apart (one kalm_ground item each): ``seeds`` maps each grounding seed
+    to its episode successes per row (``grounded``, ``random``, ``bc``; every seed plays the same goals and
+    starts). The verdict is ``gate0`` on the seeds' grounded episodes against every seed's random episodes, each
+    seed's own verdict labelled with its seed; BC's episodes are pooled alike, as the reference of what the same
+    real data teaches."""
+    if not seeds:
+        raise ValueError("pool_gate0: no grounding seed")
+    for seed, rows in seeds.items():
+        missing = [row for row in GATE_ROWS if not rows.get(row)]
+        if missing:
+            raise ValueError(f"pool_gate0: grounding seed {seed} has no episodes of {missing}")
+    verdict = gate0([rows["grounded"] for rows in seeds.values()],
+                    [f for rows in seeds.values() for f in rows["random"]], confidence)
+    verdict["per_seed"] = [{"seed": seed, **v} for seed, v in zip(seeds, verdict["per_seed"])]
+    return {**verdict, "bc": success_summary([f for rows in seeds.values() for f in rows["bc"]], confidence),
+            "seeds": list(seeds)}
 
 
 def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path]], table, levels: Sequence[str],

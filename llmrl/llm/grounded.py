@@ -11,7 +11,7 @@ Layout as in KALM (arXiv 2404.09248, its code's ``modeling_llama`` wrapper):
 
 Observations pass through an ``ObsCodec``: continuous dims are normalised by the training data's mean and a
 floored scale (``observation_scale``: a dim that never varies in training must not be multiplied by 1/1e-3 when it
-varies later), and regressed with MSE; categorical fields (``GroundingSpec.obs_fields``, e.g. BabyAI's grid codes)
+varies later), and regressed with MSE; categorical fields (``GroundingSpec.obs_fields``, e.g. BabyAI's compact state)
 enter as one-hot vectors, are predicted as logits with cross-entropy, and are decoded by argmax, so an imagined
 state holds exact codes that a success rule can test.
 Generation is step-wise with the KV cache: each imagined action or state is one appended embedding; the prefix is
@@ -97,10 +97,9 @@ class ObsCodec(nn.Module):
         covered: set[int] = set()
         groups: dict[tuple[int, str], list[int]] = {}
         for start, classes, kind in spec.obs_fields:
-            if kind not in ("index", "onehot"):
-                raise ValueError(f"obs_fields: kind {kind!r}, expected 'index' or 'onehot'")
-            width = 1 if kind == "index" else int(classes)
-            dims = set(range(int(start), int(start) + width))
+            if kind != "index":  # one dim holding the class id: BabyAI's compact state
+                raise ValueError(f"obs_fields: kind {kind!r}, expected 'index'")
+            dims = {int(start)}
             if dims & covered or max(dims) >= d:
                 raise ValueError(f"obs_fields: field at {start} overlaps another or leaves the {d} dims")
             covered |= dims
@@ -155,10 +154,8 @@ class ObsCodec(nn.Module):
 
     def _classes(self, obs: torch.Tensor, i: int) -> torch.Tensor:
         """Class index of every field of group i: [..., n_fields]."""
-        classes, kind, starts, _ = self._group(i)
-        if kind == "index":
-            return obs[..., starts].round().long().clamp(0, classes - 1)
-        return obs[..., starts[:, None] + torch.arange(classes, device=obs.device)].argmax(-1)
+        classes, _kind, starts, _ = self._group(i)
+        return obs[..., starts].round().long().clamp(0, classes - 1)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         feats = obs.new_zeros((*obs.shape[:-1], self.features))
@@ -215,13 +212,8 @@ class ObsCodec(nn.Module):
         if len(self.copy_to):
             obs[..., self.copy_to] = current[..., self.copy_from].to(obs.dtype)
         for i in range(len(self.groups)):
-            classes, kind, starts, idx = self._group(i, output=True)
-            cls = pred[..., idx].argmax(-1)
-            if kind == "index":
-                obs[..., starts] = cls.to(obs.dtype)
-            else:
-                obs[..., starts[:, None] + torch.arange(classes, device=obs.device)] = \
-                    nn.functional.one_hot(cls, classes).to(obs.dtype)
+            _classes, _kind, starts, idx = self._group(i, output=True)
+            obs[..., starts] = pred[..., idx].argmax(-1).to(obs.dtype)
         return obs
 
     def target_features(self, target_obs: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:

@@ -26,7 +26,7 @@ __all__ = ["NOT_CONVERGED", "MissingResultError", "Table", "Series", "CurvePlot"
 MODES = ("greedy", "sampled")
 NOT_CONVERGED = "not converged"
 # why, once per table that flags a row: the metrics file says beats_random: false
-NOT_CONVERGED_MEANING = "not converged: its seed-level interval does not clear random's figure"
+NOT_CONVERGED_MEANING = "not converged: its seed-level interval does not clear random's interval"
 
 
 class MissingResultError(FileNotFoundError):
@@ -273,7 +273,9 @@ def llm4teach_section(root: Path) -> Section:
     for env in envs:
         agents = sorted(_agents(root, f"{rel}/{env}"), key=lambda a: (order[_teach_role(a[0])], a[0]))
         s.tables.append(headline_table(f"llm4teach-{env}", f"{env}: teachers and the students they taught",
-                                       f"{rel}/{env}/", agents, extra=[("AULC", "aulc")], role=_teach_role))
+                                       f"{rel}/{env}/", agents,
+                                       extra=[("AULC", "aulc"), ("frames", "frames"), ("updates", "updates")],
+                                       role=_teach_role))
     report = _json(root, "metrics/llm4teach/report.json")
     rows = []
     for f in _entries(root, "metrics/llm4teach/result"):
@@ -284,6 +286,21 @@ def llm4teach_section(root: Path) -> Section:
     s.tables.append(Table("llm4teach-result", "Result check: the student reaches the target success while PPO stays "
                           "below the ceiling", "metrics/llm4teach/result/",
                           ["env", "student", "mode", "statistic", "target", "PPO ceiling", "result"], rows))
+    rows = []
+    # a file per task that trained the scoring teacher (and so its controls); the folder is always written
+    for f in sorted(_need(root, "metrics/llm4teach/claims").glob("*.json")):
+        for mode, claim in read_json(f).items():
+            if mode not in MODES:
+                continue
+            diffs = [f"{k.removeprefix('vs_')}: {_num(v)} {_interval(claim, k)}" for k, v in claim.items()
+                     if k.startswith("vs_") and not k.endswith(("_lo", "_hi"))]
+            rows.append([f.stem, mode, "; ".join(diffs), "yes" if claim["llm_scores_help"] else "no",
+                         _num(claim["seeds"]), _num(claim["episodes"])])
+    s.tables.append(Table("llm4teach-claims", "Do the LLM's scores help? The scoring-taught student minus each "
+                          "control-taught student (same candidate plans, uniform or random scores), paired over the "
+                          "same test episodes; yes only where every interval lies above 0", "metrics/llm4teach/claims/",
+                          ["env", "mode", "difference [95 % CI] per control", "scores help", "seeds", "episodes"],
+                          rows))
     rel = "plots/llm4teach/train"
     for env in envs:
         items = _entries(root, rel, f"{env}-*/")
@@ -362,8 +379,10 @@ def kalm_section(root: Path) -> Section:
                            "imagined success", "replay success", "replay success | imagined success",
                            "replay success | consistent", "first-step MAE", "last-step MAE"], rows))
     rel = "plots/kalm/ground"
-    s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss", f"{rel}/", "update",
-                             "loss", [_tsv_series(root, f"{rel}/{b}/plots/metrics/loss.tsv", b) for b in benchmarks]))
+    s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss per grounding seed",
+                             f"{rel}/", "update", "loss",
+                             [_tsv_series(root, f"{rel}/{b}/{d.name}/plots/metrics/loss.tsv", f"{b} seed {d.name}")
+                              for b in benchmarks for d in _entries(root, f"{rel}/{b}", "*/")]))
     return s
 
 

@@ -26,7 +26,9 @@ Modules: ``describe`` (observation → text), ``prompts`` (prompt, reply parsing
    distillation quality. ``ScoringPlanner`` asks no sampled replies: it scores each plan of
    ``admissible_plans(kind, text)`` under the LLM (summed log-prob of the bracketed plan after the answer
    prefix; one prompt whose KV cache the candidates share) and takes the softmax as the distribution; a
-   planning stage stores those, and ``TablePlanner`` replays them in training and evaluation.
+   planning stage stores those, and ``TablePlanner`` replays them in training and evaluation. Its controls,
+   ``UniformPlanner`` (equal scores) and ``RandomScorePlanner`` (random scores, fixed per text), weigh the same
+   candidates without an LLM, so the candidate set's share of a student's gain is measured apart.
 4. ``TeacherPolicy`` maps each plan through the scripted skills of ``llmrl.agents.skills`` and returns
    π_T(a|s) = Σ_p P(p|text)·U(skill_p(s))(a), U uniform over the primitives that start an equally short
    path: the expectation of the original's per-step plan sampling, computed exactly instead of sampled.
@@ -35,13 +37,14 @@ Modules: ``describe`` (observation → text), ``prompts`` (prompt, reply parsing
 from llmrl.agents.teacher.describe import (ENV_KIND, OBJECT_NAMES, Scene, TaskKind, canonical_colors, describe,
                                            describe_spread, observation_texts, restore_colors)
 from llmrl.agents.teacher.planners import (LLM_FAULTS, LLMOutageError, LLMPlanner, OraclePlanner, Planner,
-                                           ScoringPlanner, TablePlanner, admissible_plans, oracle_plan, plan_texts)
+                                           RandomScorePlanner, ScoringPlanner, TablePlanner, UniformPlanner,
+                                           admissible_plans, oracle_plan, plan_texts)
 from llmrl.agents.teacher.policy import TeacherPolicy, spread_plan_action
 from llmrl.agents.teacher.prompts import (FALLBACK_PLAN, PLAN_VERBS, PROMPTS, PlanDistribution, PlanReply,
                                           canonical_plan, parse_reply, validate_plan)
 
 __all__ = ["ENV_KIND", "FALLBACK_PLAN", "LLM_FAULTS", "OBJECT_NAMES", "PLAN_VERBS", "PROMPTS", "LLMOutageError",
-           "LLMPlanner", "OraclePlanner", "PlanDistribution", "PlanReply", "Planner", "Scene", "ScoringPlanner",
-           "TablePlanner", "TaskKind", "TeacherPolicy", "admissible_plans", "canonical_colors", "canonical_plan",
+           "LLMPlanner", "OraclePlanner", "PlanDistribution", "PlanReply", "Planner", "RandomScorePlanner", "Scene",
+           "ScoringPlanner", "TablePlanner", "TaskKind", "UniformPlanner", "TeacherPolicy", "admissible_plans", "canonical_colors", "canonical_plan",
            "describe", "describe_spread", "observation_texts",
            "oracle_plan", "parse_reply", "plan_texts", "restore_colors", "spread_plan_action", "validate_plan"]

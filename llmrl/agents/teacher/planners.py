@@ -1,10 +1,12 @@
 """Planners: text → ``PlanDistribution``. ``OraclePlanner`` answers with hand-written rules; ``LLMPlanner`` asks an
 LLM backend ``n_ask`` times per text and counts faults; ``ScoringPlanner`` scores every admissible plan under the
-LLM (one prompt, its KV cache reused across the candidates) and takes their softmax; ``TablePlanner`` replays
-stored distributions; ``plan_texts`` bounds a whole planning pass."""
+LLM (one prompt, its KV cache reused across the candidates) and takes their softmax; ``UniformPlanner`` and
+``RandomScorePlanner`` are its controls, the same candidates with equal or random scores and no LLM;
+``TablePlanner`` replays stored distributions; ``plan_texts`` bounds a whole planning pass."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -20,7 +22,8 @@ from llmrl.llm.faults import FaultGuard, LLMOutageError, llm_fault_types
 from llmrl.llm.generate import SamplingConfig
 
 __all__ = ["OraclePlanner", "oracle_plan", "admissible_plans", "planner_messages", "LLM_FAULTS", "LLMPlanner",
-           "ScoringPlanner", "TablePlanner", "LLMOutageError", "plan_texts", "Planner"]
+           "ScoringPlanner", "UniformPlanner", "RandomScorePlanner", "TablePlanner", "LLMOutageError", "plan_texts",
+           "Planner"]
 
 class OraclePlanner:
     """Hand-written plans for every text of a task kind: what a perfect planner would answer."""
@@ -212,6 +215,44 @@ class ScoringPlanner:
         return dist
 
 
+class UniformPlanner:
+    """Control of the scoring teacher: every plan of ``admissible_plans`` with equal probability. The oracle's plan
+    is among them, so a student taught by this one learns what the candidate set alone teaches, with no LLM."""
+
+    name = "uniform"
+
+    def __init__(self, kind: TaskKind):
+        self.kind = kind
+
+    def plan(self, text: str) -> PlanDistribution:
+        plans = admissible_plans(self.kind, text)
+        return PlanDistribution(tuple(plans), (1.0 / len(plans),) * len(plans), n_plan=len(plans))
+
+
+class RandomScorePlanner:
+    """Control of the scoring teacher: the ``admissible_plans`` with random scores, probabilities drawn from a flat
+    Dirichlet (uniform over the simplex) by a generator seeded with ``seed`` and the text.
+
+    The draw is fixed per text, not per call: the LLM's scores are a fixed function of the text, so a control for
+    them must be one too. Scores redrawn at every call would average to the uniform teacher over a state's visits
+    and give the student a target that moves between iterations, another difference from the scoring teacher.
+    """
+
+    name = "random_score"
+
+    def __init__(self, kind: TaskKind, seed: int = 0):
+        if seed < 0:
+            raise ValueError(f"seed: must be >= 0, got {seed}")
+        self.kind, self.seed = kind, seed
+
+    def plan(self, text: str) -> PlanDistribution:
+        plans = admissible_plans(self.kind, text)
+        # sha256, not hash(): Python salts str hashes per process, and the draw must not depend on the process
+        digest = hashlib.sha256(f"{self.seed}\0{text}".encode()).digest()
+        probs = np.random.default_rng(int.from_bytes(digest[:8], "little")).dirichlet(np.ones(len(plans)))
+        return PlanDistribution(tuple(plans), tuple(float(x) for x in probs), n_plan=len(plans))
+
+
 class TablePlanner:
     """Plans replayed from stored distributions (a scoring pass's output): no model at training time."""
 
@@ -237,4 +278,4 @@ def plan_texts(planner: LLMPlanner, texts: Sequence[str], guard: FaultGuard | No
     return {text: planner.plan(text) for text in texts}
 
 
-Planner = OraclePlanner | LLMPlanner | ScoringPlanner | TablePlanner
+Planner = OraclePlanner | LLMPlanner | ScoringPlanner | UniformPlanner | RandomScorePlanner | TablePlanner
