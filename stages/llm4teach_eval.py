@@ -4,9 +4,9 @@ for every agent); seeds as the unit (``aggregate_seeds``).
 
 Writes one headline file per agent, metrics/llm4teach/eval/<env>/<agent>.json (success and return with seed-level
 intervals, greedy and sampled apart, AULC, ``beats_random``, and a learner's budget: frames, updates and seeds;
-MPE: return only), the result check metrics/llm4teach/result/<env>.json (``met_oracle``, ``met_llm``), the claim
-that the LLM's scores help, metrics/llm4teach/claims/<env>.json (the scoring-taught student's paired difference
-from each control-taught student, per mode), the full report with per-seed values, budgets and planner statistics
+MPE: return only); as plain outs, the verdicts: the result check metrics/llm4teach/result/<env>.json
+(``met_oracle``, ``met_llm``) and the claim that the LLM's scores help, metrics/llm4teach/claims/<env>.json (the
+scoring-taught student's paired difference from each control-taught student, per mode); the full report with per-seed values, budgets and planner statistics
 and the environment line metrics/llm4teach/report.json and per-episode tables under metrics/llm4teach/episodes/
 (plain outs), and a dvclive bar plot of greedy success (MPE: mean return).
 """

@@ -5,9 +5,10 @@ apart. A variant is every model llm_rl_train wrote for it, one per training seed
 response, its parsed answer and correctness go to metrics/llm_rl/responses/<model>_<mode>.jsonl (a variant's model:
 <variant>_seed-<seed>; a plain out). The headline per model, metrics/llm_rl/eval/<model>.json, holds per mode the
 accuracy as ``success`` with its 95% interval (seeds and problems as crossed factors; the base model, one run: over
-problems), the parse-failure and truncation rates, mean tokens per answer, and for a variant its paired gain over
-the base model on the same problems (``gain``, ``gain_lo``, ``gain_hi``; ``llmrl.eval.llm_rl``). Beside the
-responses, metrics/llm_rl/responses/<model>.json holds the whole entry: each seed's accuracy, what the interval is
+problems), the parse-failure rate, and for a variant its paired gain over the base model on the same problems
+(``gain``, ``gain_lo``, ``gain_hi``; ``llmrl.eval.llm_rl``). Beside the responses,
+metrics/llm_rl/responses/<model>.json holds the whole entry: mean tokens per answer, the share cut by the token cap,
+each seed's accuracy, what the interval is
 over, for a variant ``vs_base`` (the paired verdict and gain as one line) and ``gain_over_base`` (the whole paired
 comparison), accuracy on problems with unseen and seen arithmetic (generated data: ``by_arithmetic``), the token
 cap, the compute dtype and the environment line.
@@ -31,8 +32,9 @@ from llmrl.seeding import seed_everything
 from stages import paths
 from stages.common import log, model_spec, open_live, stage_arguments, stage_params
 
-# the answer-quality figures of an accuracy entry that join the headline in the metrics file
-ANSWER_KEYS = ("parse_failure", "truncated", "tokens")
+# the answer-quality figure of an accuracy entry that joins the headline in the metrics file (answer tokens and the
+# share cut by the cap stay in the whole entry under metrics/llm_rl/responses: dvc metrics show stays one table)
+ANSWER_KEYS = ("parse_failure",)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -194,10 +194,12 @@ def _files(root: Path, folder: str, pattern: str = "*.json") -> list[Path]:
 
 
 def headline_folder_table(root: Path, table_id: str, caption: str, folder: str, *,
-                          extras: Sequence[tuple[str, str]] = (), order: Sequence[str] = ()) -> DocTable:
+                          extras: Sequence[tuple[str, str]] = (), extras_folder: str | None = None,
+                          order: Sequence[str] = ()) -> DocTable:
     """One row per agent file (``llmrl.eval.headline`` entries) and mode in ``folder``: success and return with
-    their intervals, seeds, episodes, the ``extras`` (column, key: read from the mode's entry, else the file's)
-    and a note where the file says ``beats_random: false``. ``order`` puts these agents first."""
+    their intervals, seeds, episodes, the ``extras`` (column, key: read from the mode's entry, else the file's; from
+    the same-named file in ``extras_folder`` where given, which holds the entries the headline leaves out) and a note
+    where the file says ``beats_random: false``. ``order`` puts these agents first."""
     rank = {name: i for i, name in enumerate(order)}
     paths = sorted(_files(root, folder), key=lambda p: (rank.get(p.stem, len(rank)), p.stem))
     rows: list[dict[str, Cell]] = []
@@ -214,11 +216,13 @@ def headline_folder_table(root: Path, table_id: str, caption: str, folder: str, 
                     row[metric] = Cell(tuple(_with_interval(root, rel, (mode,), metric)))
             for column in ("seeds", "episodes"):
                 row[column] = Cell((figure(root, rel, (mode, column)),))
+            extra_rel = f"{extras_folder}/{path.name}" if extras_folder else rel
+            extra_data = _load(root, extra_rel) if extras_folder else data
             for column, key in extras:
-                if key in entry:
-                    row[column] = Cell((figure(root, rel, (mode, key)),))
-                elif key in data:
-                    row[column] = Cell((figure(root, rel, (key,)),))
+                if key in extra_data.get(mode, {}):
+                    row[column] = Cell((figure(root, extra_rel, (mode, key)),))
+                elif key in extra_data:
+                    row[column] = Cell((figure(root, extra_rel, (key,)),))
             if data.get("beats_random") is False:
                 row["note"] = label("not converged")
             rows.append(row)
@@ -227,7 +231,8 @@ def headline_folder_table(root: Path, table_id: str, caption: str, folder: str, 
     headers = {"success": "success [95 % CI]", "return": "return [95 % CI]"}
     if "note" in columns:
         caption += " *Not converged*: the agent's seed-level interval does not clear random's interval."
-    return DocTable(table_id, caption, [f"{folder}/*.json"], [headers.get(c, c) for c in columns],
+    sources = [f"{folder}/*.json", *([f"{extras_folder}/*.json"] if extras_folder else [])]
+    return DocTable(table_id, caption, sources, [headers.get(c, c) for c in columns],
                     [[r.get(c, label(EM_DASH if c != "note" else "")) for c in columns] for r in rows])
 
 
@@ -361,7 +366,7 @@ def llm_rl_study_tables(root: Path) -> list[DocTable]:
         root, "llm_rl-study-eval", "Study: test problems (success = the correct final answer), each variant over its "
         "training seeds (the interval is over seeds and problems, crossed), the base model once (over problems).", "study/metrics/llm_rl/eval",
         extras=(("answer tokens", "tokens"), ("cut by the cap", "truncated"), ("parse failure", "parse_failure")),
-        order=("base", "reinforce_kl", "grpo"))
+        extras_folder="study/metrics/llm_rl/responses", order=("base", "reinforce_kl", "grpo"))
     responses = "study/metrics/llm_rl/responses"
     rows = [[label(f"`{path.stem}`"), label(mode), Cell((figure(root, f"{responses}/{path.name}", (mode, "vs_base")),))]
             for path in sorted(_files(root, responses)) for mode in MODES
@@ -387,7 +392,8 @@ def llm_rl_tables(root: Path) -> list[DocTable]:
         headline_folder_table(root, "llm_rl-eval", "Test problems (success = the correct final answer): the base "
                               "model and both variants at the same budget.", "metrics/llm_rl/eval",
                               extras=(("answer tokens", "tokens"), ("cut by the cap", "truncated"),
-                                      ("parse failure", "parse_failure")), order=("base", "reinforce_kl", "grpo")),
+                                      ("parse failure", "parse_failure")),
+                              extras_folder="metrics/llm_rl/responses", order=("base", "reinforce_kl", "grpo")),
         DocTable("llm_rl-curve", "REINFORCE-KL trained longer, outside the pipeline (`scripts/llm_rl_curve.py`): "
                  "greedy accuracy on a validation slice of the train split, and the gain over the base model paired "
                  "per problem, with intervals over seeds.", [curve],
