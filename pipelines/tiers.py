@@ -42,8 +42,8 @@ STUDY = "study"
 # The stages of each method the study runs (with their upstream stages of the same method), and the study's report.
 STUDY_STAGES: dict[str, tuple[str, ...]] = {
     "kalm": ("kalm_data", "kalm_ground", "kalm_gate0", "kalm_imagine", "kalm_offline", "kalm_eval"),
-    "props": ("props_search", "props_quadratic", "props_baselines", "props_grpo_part", "props_grpo", "props_heldout",
-              "props_transfer", "props_eval"),
+    "props": ("props_search", "props_quadratic", "props_baselines", "props_grpo_part", "props_grpo",
+              "props_heldout_tuned", "props_heldout_reference", "props_heldout", "props_transfer", "props_eval"),
     "llm_rl": ("llm_rl_data", "llm_rl_train", "llm_rl_eval"),
 }
 
@@ -54,7 +54,8 @@ STUDY_MINUTES: dict[str, float] = {
     # kalm_ground: one grounding seed per item (~25 min a seed, estimated from the 550-update runs)
     "kalm_data": 1, "kalm_ground": 25, "kalm_gate0": 0.2, "kalm_imagine": 4, "kalm_offline": 18, "kalm_eval": 10,
     "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 11, "props_grpo": 0.5,
-    "props_heldout": 45, "props_transfer": 12, "props_eval": 0.5,
+    "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 12,
+    "props_eval": 0.5,
     "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
 }
 

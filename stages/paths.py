@@ -213,9 +213,18 @@ def props_grpo(seed: int | str) -> Outputs:
                    metrics=PROPS.metrics / "grpo" / f"{seed}.json", live=PROPS.plots / "grpo" / str(seed))
 
 
+def props_heldout_tuned(seed: int | str) -> Outputs:
+    return Outputs(f"props_heldout_tuned@{seed}", runs=PROPS.data / "heldout" / "tuned" / str(seed),
+                   replies=PROPS.data / "replies" / "heldout" / f"tuned-{seed}")
+
+
+def props_heldout_reference() -> Outputs:
+    return Outputs("props_heldout_reference", runs=PROPS.data / "heldout" / "reference",
+                   replies=PROPS.data / "replies" / "heldout" / "base")
+
+
 def props_heldout() -> Outputs:
-    return Outputs("props_heldout", runs=PROPS.data / "heldout", replies=PROPS.data / "replies" / "heldout",
-                   metrics=PROPS.metrics / "heldout.json", report=PROPS.plots / "heldout.json")
+    return Outputs("props_heldout", metrics=PROPS.metrics / "heldout.json", report=PROPS.plots / "heldout.json")
 
 
 def props_transfer(task: str) -> Outputs:

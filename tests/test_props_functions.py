@@ -26,9 +26,11 @@ from llmrl.algos.props_prompts import PromptSettings, search_messages
 from llmrl.config import ParamsError, load_section
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.config.lora import LoraSettings
-from llmrl.config.props import (PropsFunctionDataParams, PropsHeldoutParams, PropsSearchParams, PropsSpaceParams)
+from llmrl.config.props import (PropsFunctionDataParams, PropsGRPOParams, PropsHeldoutParams, PropsSearchParams,
+                                PropsSpaceParams)
 from llmrl.envs.functions import SPLITS, FunctionTask, draw_function, gap_closed, normalised_score
 from llmrl.eval.props_heldout import heldout_table, reply_shares, tuning_gate
+from llmrl.eval.props_heldout_runs import BASELINES, baseline_runs, tune_hill_step
 from llmrl.eval.paired import mean_bootstrap, paired_bootstrap
 from llmrl.llm.load import load_model
 
@@ -316,6 +318,21 @@ def test_hill_climbing_steps_from_its_best_point_and_random_search_does_not():
     assert not np.array_equal(again[0].best_params, out[0].best_params)  # another repetition, another stream
     with pytest.raises(ValueError, match="step: must be > 0"):
         list(hill_climb(task, [0], search, SPACE, 0.0))
+
+
+def test_heldout_baselines_search_every_test_function_at_the_hill_step_validation_picked():
+    g = PropsGRPOParams()
+    h = PropsHeldoutParams(dims=[2, 3], functions_per_dim=3, validation_functions_per_dim=2, iterations=10, reps=2,
+                           hill_steps=[0.01, 1.0], cem={"population": 5, "episodes_per_candidate": 1})
+    search = PropsSearchParams(tasks=["quadratic"])
+    step, tuning = tune_hill_step(g, h, search, SPACE)
+    assert set(tuning) == {"0.01", "1.0"} and step == 1.0 and tuning["1.0"] > tuning["0.01"]  # a step that can move
+    runs = baseline_runs(step, g, h, search, SPACE)
+    keys = {(r["method"], r["dim"], r["function"], r["rep"]) for r in runs}
+    assert keys == {(m, d, f, rep) for m in BASELINES for d in (2, 3) for f in range(3) for rep in range(2)}
+    assert all(r["rows"][-1]["episodes"] == 10 and np.isfinite(r["score"]) for r in runs)
+    test_centres = {FunctionTask("test", 2).function(f).centre for f in range(3)}
+    assert not test_centres & {FunctionTask("validation", 2).function(f).centre for f in range(2)}
 
 
 def test_paired_bootstrap_finds_a_shift_and_no_shift():

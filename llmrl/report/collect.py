@@ -381,8 +381,10 @@ def kalm_section(root: Path) -> Section:
     rel = "plots/kalm/ground"
     s.plots.append(CurvePlot("kalm-ground", "Grounding fine-tune of the LLM: training loss per grounding seed",
                              f"{rel}/", "update", "loss",
-                             [_tsv_series(root, f"{rel}/{b}/{d.name}/plots/metrics/loss.tsv", f"{b} seed {d.name}")
-                              for b in benchmarks for d in _entries(root, f"{rel}/{b}", "*/")]))
+                             # one curve per grounding seed that recorded its metrics (a folder without them is
+                             # no seed's: left over from another layout)
+                             [_tsv_series(root, f"{rel}/{b}/{f.stem}/plots/metrics/loss.tsv", f"{b} seed {f.stem}")
+                              for b in benchmarks for f in _entries(root, f"metrics/kalm/ground/{b}")]))
     return s
 
 

@@ -468,6 +468,48 @@ def kalm_imagination_table(root: Path, tier: str = "") -> DocTable:
          ("imagines", "imagines"), ("first-step MAE", "first_step_mae"), ("last-step MAE", "last_step_mae")])
 
 
+def kalm_grounding_tables(root: Path, tier: str = "") -> list[DocTable]:
+    """KALM's grounding, read before imagination: gate 0 per benchmark (the grounded model as a policy on training
+    goals from validation starts, beside random actions and BC on the same real data; Wilson intervals over the
+    grounding seeds' pooled episodes) and each grounding seed's one-step state error beside copying the last
+    state."""
+    gates = f"{tier}metrics/kalm/gate0"
+    rows = []
+    for path in _files(root, gates):
+        rel = f"{gates}/{path.name}"
+        for row in ("grounded", "bc", "random"):
+            rows.append([label(path.stem), label(f"`{row}`"),
+                         Cell((figure(root, rel, ("gate0", row, "success")), " [",
+                               figure(root, rel, ("gate0", row, "ci_low")), ", ",
+                               figure(root, rel, ("gate0", row, "ci_high")), "]")),
+                         Cell((figure(root, rel, ("gate0", row, "episodes")),)),
+                         Cell((figure(root, rel, ("gate0", "passed"), "yesno"),)) if row == "grounded" else label("")])
+    gate = DocTable(f"kalm-{tier.replace('/', '-')}gate0", "Gate 0: does the grounded model act? Its closed-loop "
+                    "success on training goals from validation starts (real simulator, no imagination), pooled over "
+                    "the grounding seeds, beside BC trained on the same real data and random actions from the same "
+                    "starts; passed only where the grounded interval lies wholly above random's.", [f"{gates}/*.json"],
+                    ["benchmark", "policy", "success [95 % CI]", "episodes", "gate 0 passed"], rows)
+    ground = f"{tier}metrics/kalm/ground"
+    rows = []
+    for bench in sorted(p.name for p in (Path(root) / ground).glob("*/") if p.is_dir()):
+        for path in _files(root, f"{ground}/{bench}"):
+            rel = f"{ground}/{bench}/{path.name}"
+            rows.append([label(bench), label(path.stem),
+                         *(Cell((figure(root, rel, ("state_error", k)),))
+                           for k in ("metric", "model", "copy_last_state")),
+                         Cell((figure(root, rel, ("state_error", "beats_copy"), "yesno"),)),
+                         Cell((figure(root, rel, "selected_update"), " of ", figure(root, rel, "updates"))),
+                         Cell((figure(root, rel, "heldout_selection_loss_before"), " → ",
+                               figure(root, rel, "heldout_selection_loss_after")))])
+    state = DocTable(f"kalm-{tier.replace('/', '-')}state-error", "Grounding per seed: the one-step error of the "
+                     "predicted state on held-out transitions (Meta-World: mean absolute error; BabyAI: the share of "
+                     "wrong compact-state fields) beside copying the last state, the update the selection kept (on "
+                     "held-out action and observation loss) and that loss before and after.", [f"{ground}/*/*.json"],
+                     ["benchmark", "grounding seed", "error", "model", "copy the last state", "beats copying",
+                      "selected update", "selection loss"], rows)
+    return [gate, state]
+
+
 def kalm_tables(root: Path, tier: str = "") -> list[DocTable]:
     """KALM's tables from the default pipeline's results, or (``tier="study/"``) from the study's."""
     success = f"{tier}{KALM_SUCCESS}"
@@ -648,6 +690,7 @@ TABLES: dict[str, Callable[[Path], list[DocTable]]] = {
     "llm_rl_study": llm_rl_study_tables,
     "llm4teach": llm4teach_tables,
     "kalm": kalm_tables,
+    "kalm_grounding": kalm_grounding_tables,
     "kalm_study": lambda root: kalm_tables(root, "study/"),
     "kalm_study_imagination": lambda root: [kalm_imagination_table(root, "study/")],
     "props": props_tables,
