@@ -145,6 +145,8 @@ def results(tmp_path_factory) -> Path:
                 "replay_success": replay_success, "replay_success_given_imagined": None,
                 "replay_success_consistent": 0.05})
     _write(root, "plots/kalm/ground/babyai/0/plots/metrics/loss.tsv", _tsv("loss", [(1, 1.817), (2, 1.63), (3, 1.28)]))
+    _write(root, f"{m}/kalm/ground/babyai/0.json", {"env": ENV, "selected_update": 3, "updates": 3})
+    (root / "plots/kalm/ground/babyai/plots").mkdir(parents=True)  # a folder of another layout: no seed's curves
     # ProPS
     for method, ret, extra in (("props", (43.2833, 28.1833, 68.1187), {"parse_failure": 0.75, "llm_proposed": 0.625}),
                                ("cem", (200.0, 200.0, 200.0), {})):
