@@ -6,7 +6,7 @@ through the harness policy (``GroundedPolicy``: one KV cache per episode). Same 
 actions, so the outcomes (success, length per episode) must be equal. Rates are environment steps per CPU second
 of the process, wall-clock beside them; the ratio is the median over alternating repeats. Target: ratio >= 2.
 
-Usage: python bench/kalm_acting.py [--model models/kalm/grounded/metaworld] [--per-goal 1] [--max-steps 60]
+Usage: python bench/kalm_acting.py [--model models/kalm/grounded/metaworld/0] [--per-goal 1] [--max-steps 60]
 Without a trained model folder it builds an untrained grounded model on models/base_llm (speed and equality do
 not depend on the weights). Writes bench/results/kalm_acting.json.
 """
@@ -59,7 +59,7 @@ def batched(model: GroundedLM, goals, pool: kl.GoalEnvPool, per_goal: int) -> li
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(ROOT / "models" / "kalm" / "grounded" / "metaworld"))
+    ap.add_argument("--model", default=str(ROOT / "models" / "kalm" / "grounded" / "metaworld" / "0"))
     ap.add_argument("--base", default=str(ROOT / "models" / "base_llm"))
     ap.add_argument("--level", default="easy")
     ap.add_argument("--per-goal", type=int, default=1, help="episodes per goal (kalm.eval.grounded_episodes / goals)")

@@ -7,7 +7,7 @@ imagined action and state so far) at each forward, as a generation loop without 
 per CPU second of the process (``time.process_time``; the primary figure on this shared 2-core machine) with the
 wall-clock rates beside them; runs alternate and the ratio is the median of paired ratios. Target: ratio ≥ 5.
 
-Usage: python bench/kalm_rollouts.py [--model models/kalm/grounded/metaworld] [--batch 8] [--steps 32] [--repeats 3]
+Usage: python bench/kalm_rollouts.py [--model models/kalm/grounded/metaworld/0] [--batch 8] [--steps 32] [--repeats 3]
 Without a trained model folder it builds an untrained grounded model on models/base_llm (speed and equality do
 not depend on the weights). Writes bench/results/kalm_rollouts.json.
 """
@@ -52,7 +52,7 @@ def timed(fn):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(ROOT / "models" / "kalm" / "grounded" / "metaworld"))
+    ap.add_argument("--model", default=str(ROOT / "models" / "kalm" / "grounded" / "metaworld" / "0"))
     ap.add_argument("--base", default=str(ROOT / "models" / "base_llm"))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=32)
