@@ -1,4 +1,4 @@
-"""The machines of the pool route (``pipelines/reproduce.py --pool``): a worker host, its GPUs, and a stage's flow run
+"""The machines of the pool route (``pipelines/reproduce.py --deployment``): a worker host, its GPUs, and a stage's flow run
 followed to its end by the coordinator.
 
 A host joins the pool with ``python pipelines/hosts.py worker --pool POOL --name NAME --limit K [--gpus N]``: a
@@ -389,7 +389,7 @@ def _devices(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="A worker host of the llmrl pool (pipelines/reproduce.py --pool).")
+    parser = argparse.ArgumentParser(description="A worker host of the llmrl pool (pipelines/reproduce.py --deployment).")
     sub = parser.add_subparsers(dest="command", required=True)
     worker = sub.add_parser("worker", help="run this host's Prefect workers of a pool")
     worker.add_argument("--pool", required=True, help="the work pool of the `stage` deployment (prefect.yaml)")

@@ -24,7 +24,7 @@ Resources: a stage's ``meta: {cpus: k}`` (default 1) is the number of cores it k
 or its own worker processes); stages run side by side only while their cores fit in ``--cpus`` (default:
 this machine's). Stages with ``meta: {gpu: true}`` take a slot of the Prefect global concurrency limit
 ``gpu`` (sized to the number of GPUs; created if missing) and get ``CUDA_VISIBLE_DEVICES`` for the GPU they
-hold. Transient failures (e.g. a lock held by another process) are retried. With ``--pool``, the limit counts the
+hold. Transient failures (e.g. a lock held by another process) are retried. With ``--deployment``, the limit counts the
 GPUs the pool's workers declare, and a lost worker's stage runs again elsewhere (``pipelines/hosts.py``,
 docs/scale-out.md).
 
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--remote", default=None,
                         help="DVC remote the clones or pool workers exchange results through (default with "
                              "--workers: this workspace's cache)")
-    parser.add_argument("--pool", default=None,
+    parser.add_argument("--deployment", dest="pool", default=None,
                         help="deployment of run_stage_flow whose workers run the stages (e.g. llmrl-stage/stage; "
                              "see prefect.yaml); needs --remote")
     parser.add_argument("--git-url", default=None,
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--remote-url", default=None,
                         help="the remote's URL as pool workers must use it (default: the URL in .dvc/config)")
     parser.add_argument("--no-worker-timeout", type=float, default=120.0,
-                        help="with --pool: fail a stage whose run waited this many seconds with no worker for it "
+                        help="with --deployment: fail a stage whose run waited this many seconds with no worker for it "
                              "online (default 120)")
     parser.add_argument("--pipeline", default="dvc.yaml",
                         help="the pipeline file whose stages run, with their upstream stages (default dvc.yaml; "

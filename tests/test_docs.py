@@ -263,7 +263,7 @@ def test_optional_pages_join_the_nav_when_they_exist(tmp_path):
     spec = importlib.util.spec_from_file_location("docs_site_hook", DOCS / "hooks" / "site.py")
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
-    nav = [{"Home": "index.md"}, {"Methods": [{"GLAM": "methods/glam.md"}, {"ProPS: protocol": "props.md"}]},
+    nav = [{"Home": "index.md"}, {"Methods": [{"GLAM": "methods/glam.md"}, {"Tiers": "tiers.md"}]},
            {"Faults": "faults.md"}, {"API reference": ["api/index.md"]}]
     (tmp_path / "faults.md").write_text("# Faults\n")
     out = hook.on_config({"docs_dir": str(tmp_path), "nav": nav})["nav"]

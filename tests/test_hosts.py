@@ -1,4 +1,4 @@
-"""The pool route (pipelines/reproduce.py --pool) across hosts: network namespaces on this machine (tests/hosts_lab.py).
+"""The pool route (pipelines/reproduce.py --deployment) across hosts: network namespaces on this machine (tests/hosts_lab.py).
 
 Host A runs the Prefect servers, the coordinators and an SSH server holding the git repositories and the DVC remotes;
 worker hosts (B, C, ...) run Prefect workers (pipelines/hosts.py) that reach A only through their veth pairs, over SSH
@@ -232,7 +232,7 @@ def _workspace(lab: Lab, name: str, source: Path) -> tuple[Path, Path, dict[str,
 
 
 def _pool_args(lab: Lab, deployment: str, workspace: Path, remote: Path) -> list[str]:
-    return ["--root", str(workspace), "--pool", deployment, "--remote", "shared", "--remote-url", lab.ssh_url(remote),
+    return ["--root", str(workspace), "--deployment", deployment, "--remote", "shared", "--remote-url", lab.ssh_url(remote),
             "--git-url", lab.ssh_url(workspace)]
 
 

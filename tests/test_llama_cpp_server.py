@@ -1,6 +1,6 @@
 """The LLM4Teach planner and a ProPS search against llama.cpp's OpenAI-compatible server (llama-cpp-python) on the
 embedded GGUF: a server the project did not write, reached through the OpenAI-compatible backend exactly as a
-larger served model would be (docs/props.md, "ProPS on a served model").
+larger served model would be (docs/methods/props.md, "ProPS on a served model").
 
 llama-cpp-python is part of the test extras (a source build: `make setup` compiles it once with
 CMAKE_ARGS=-DGGML_NATIVE=OFF, pip caches the wheel). ``LLAMA_CPP_PYTHON`` may name another interpreter that has

@@ -360,7 +360,7 @@ def test_pool_workers_end_as_a_serial_run(tmp_path, monkeypatch):
                                   stdout=logs, stderr=subprocess.STDOUT)
         _dvc("remote", "add", "-d", "--local", "shared", str(tmp_path / "remote"), cwd=parallel)
         out = _run([sys.executable, str(ROOT / "pipelines" / "reproduce.py"), "--root", str(parallel),
-                    "--pool", "llmrl-stage/stage", "--remote", "shared"], parallel)
+                    "--deployment", "llmrl-stage/stage", "--remote", "shared"], parallel)
     finally:
         for proc in (worker, server):
             if proc is not None:

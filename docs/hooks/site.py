@@ -23,7 +23,7 @@ from llmrl.report.docs_tables import ResultFieldError, expand
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "llmrl"
 # nav entries kept only where their page exists (pages written beside this site, possibly later)
-OPTIONAL_PAGES = {"tiers.md", "props.md", "faults.md", "scale-out.md"}
+OPTIONAL_PAGES = {"tiers.md", "faults.md", "scale-out.md"}
 API_NAV_TITLE = "API reference"
 
 
