@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--remote", default=None,
                         help="DVC remote the clones or pool workers exchange results through (default with "
                              "--workers: this workspace's cache)")
-    parser.add_argument("--deployment", dest="pool", default=None,
+    parser.add_argument("--deployment", dest="pool", metavar="DEPLOYMENT", default=None,
                         help="deployment of run_stage_flow whose workers run the stages (e.g. llmrl-stage/stage; "
                              "see prefect.yaml); needs --remote")
     parser.add_argument("--git-url", default=None,
