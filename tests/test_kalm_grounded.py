@@ -28,15 +28,16 @@ def _episode(rng, T=6, discrete=False, mission="reach the red ball"):
                    terminated=np.zeros(T, bool), truncated=np.zeros(T, bool), mission=mission)
 
 
-def _model(discrete=False, finetune="lora", obs_dim=D, action_dim=A, obs_fields=()):
+def _model(discrete=False, finetune="lora", obs_dim=D, action_dim=A, obs_fields=(), field_copy_logit=0.0):
     torch.manual_seed(0)
     return build_grounded(GroundingSpec(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete,
-                                        base_model="tiny", finetune=finetune, obs_fields=[list(f) for f in obs_fields]))
+                                        base_model="tiny", finetune=finetune, obs_fields=[list(f) for f in obs_fields],
+                                        field_copy_logit=field_copy_logit))
 
 
 def _babyai_model():
     return _model(True, obs_dim=kl.obs_dim("babyai"), action_dim=kl.action_spec("babyai").n,
-                  obs_fields=kl.obs_fields("babyai"))
+                  obs_fields=kl.obs_fields("babyai"), field_copy_logit=kg.FIELD_COPY_LOGIT)
 
 
 def _params(**kw):
@@ -297,10 +298,21 @@ def test_babyai_states_are_categorical_and_imagined_codes_are_exact():
     # agent x, y, direction, carried type, colour; per object slot type, colour, state, x, y: no continuous dim
     assert codec.categorical and codec.features == codec.out_features == (16 + 16 + 4 + 11 + 6
                                                                           + 8 * (11 + 6 + 3 + 16 + 16))
-    torch.testing.assert_close(codec.decode(codec.encode(obs) * 10.0), obs)  # one-hot logits decode to the codes
-    assert float(codec.loss(codec.encode(obs) * 50.0, obs)) < 1e-6
+    prev = torch.from_numpy(np.concatenate([e.observations["obs"] for e in eps]))
+    # one-hot logits decode to the codes, over the copy prior on another current state
+    torch.testing.assert_close(codec.decode(codec.encode(obs) * 10.0, prev), obs)
+    assert float(codec.loss(codec.encode(obs) * 50.0, obs, prev)) < 1e-6
+    # the copy prior: a head that outputs nothing keeps every field, and what it must learn are the changes
+    zero = torch.zeros(len(obs), codec.out_features)
+    torch.testing.assert_close(codec.decode(zero, prev), prev)
+    torch.testing.assert_close(codec.decode(codec.target_features(obs, prev), prev), obs)
+    assert float(codec.loss(zero, prev, prev)) < float(codec.loss(zero, obs, prev))
+    assert float(codec.accuracy(zero, prev, prev)) == 1.0 > float(codec.accuracy(zero, obs, prev))
+    with pytest.raises(ValueError, match="current state"):
+        codec.decode(zero)
     done = [e.observations["next_obs"][-1] for e in eps if e.terminated[-1]]
-    assert done and all(kl.obs_success(goal, codec.decode(codec.encode(torch.from_numpy(s[None])) * 10.0)[0].numpy())
+    assert done and all(kl.obs_success(goal, codec.decode(codec.encode(torch.from_numpy(s[None])) * 10.0,
+                                                          torch.from_numpy(s[None]))[0].numpy())
                         for s in done)
     _, nexts, _ = model.imagine([goal.instruction], obs[:1].numpy(), 3)
     assert np.array_equal(nexts, np.round(nexts))

@@ -42,6 +42,11 @@ def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ep.observations["obs"], ep.actions, ep.observations["next_obs"]
 
 
+# The categorical fields' prior for their current class (GroundingSpec.field_copy_logit): at 4 a field with up to
+# ten classes starts at about 0.86 probability of keeping its value, the share a step leaves unchanged or more.
+FIELD_COPY_LOGIT = 4.0
+
+
 def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundParams) -> GroundingSpec:
     """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, the
     continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states, and for
@@ -56,6 +61,7 @@ def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundPar
                          finetune="lora" if p.lora is not None else "full", obs_mean=mean, obs_std=scale,
                          obs_fields=[list(f) for f in kl.obs_fields(benchmark)],
                          obs_delta=not kl.obs_fields(benchmark),
+                         field_copy_logit=FIELD_COPY_LOGIT if kl.obs_fields(benchmark) else 0.0,
                          obs_copy=[list(c) for c in kl.obs_copies(benchmark)])
 
 
