@@ -19,7 +19,7 @@ from stages.common import log, stage_arguments, stage_params
 
 # each seed's figures beside its gate-0 verdict: what chose its weights and how well it predicts states
 SEED_KEYS = ("selected_update", "heldout_selection_loss_after", "heldout_act_loss_after", "heldout_obs_loss_after",
-             "state_error")
+             "state_error", "goal_sensitivity")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"kalm_gate0: {path} is missing: run kalm_ground@{benchmark}-{seed} first")
         records[seed] = read_json(path)
     result = {"benchmark": benchmark,
-              "seeds": [{"seed": s, **{k: r[k] for k in SEED_KEYS if k in r}} for s, r in records.items()]}
+              "seeds": [{"seed": s, **{k: r[k] for k in SEED_KEYS if k in r},
+                         **({"bc_goal_sensitivity": r["gate0"]["bc_goal_sensitivity"]}
+                            if "bc_goal_sensitivity" in (r.get("gate0") or {}) else {})}
+                        for s, r in records.items()]}
     if p.gate_episodes:
         stale = [s for s, r in records.items() if "episodes" not in r.get("gate0", {})]
         if stale:

@@ -5,8 +5,9 @@ study's size), and gate 0 on it.
 Reads data/kalm/real/<benchmark>.h5 (KALM-A's kalm_data) to train on KALM's four patterns for ``kalm.ground.epochs``
 passes (llmrl.algos.kalm_grounding), and data/kalm/real/<benchmark>_validation.h5 (validation starts) for the
 held-out losses: action and observation losses on the episodes relabelled with training phrasings (the checkpoint
-selector), the token loss on their own unseen phrasings (reported apart), and the one-step state error on their
-transitions beside copying the last state. Gate 0 (``kalm.ground.gate_episodes``): the model acts in the real
+selector), the token loss on their own unseen phrasings (reported apart), the one-step state error on their
+transitions beside copying the last state, and the goal sensitivity of the teacher-forced actions (agreement with the
+expert under the episode's own goal and under another task's: a policy that ignores its goal scores both alike). Gate 0 (``kalm.ground.gate_episodes``): the model acts in the real
 simulator on the training goals from validation starts, beside random actions and BC trained on the same real data
 (llmrl.eval.kalm.closed_loop). Writes models/kalm/grounded/<benchmark>/<seed>/ (LoRA adapter + projections + heads
 + spec, train.json), metrics/kalm/ground/<benchmark>/<seed>.json (losses, state error, and gate 0's rows with
@@ -28,13 +29,15 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.offline_policy import OfflinePolicy
 from llmrl.algos.kalm_grounding import (autocast_dtype, build_samples, evaluate_losses, grounding_spec,
-                                        heldout_samples, state_error, train_grounding, update_steps)
+                                        goal_sensitivity, heldout_samples, state_error, train_grounding,
+                                        update_steps)
 from llmrl.algos.kalm_offline import bc_algo, build_dataset, make_learnable, train_offline
 from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.data.trajectories import read_episodes
 from llmrl.envs import kalm_levels as kl
-from llmrl.eval.kalm import closed_loop, gate_goals, grounded_act, offline_act, random_act, success_summary
+from llmrl.eval.kalm import (closed_loop, gate_goals, grounded_act, offline_act, offline_goal_sensitivity, random_act,
+                             success_summary)
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import build_grounded
@@ -49,9 +52,10 @@ HELDOUT = ("heldout_selection_loss", "heldout_obs_loss", "heldout_act_loss", "un
 REAL = paths.kalm_data().real
 
 
-def gate_outcomes(benchmark: str, model, train, p: KalmGroundParams, seed: int, settings: kl.EnvSettings,
-                  table: EmbeddingTable) -> dict[str, list[bool]]:
-    """Gate 0's episode successes of the grounded model, random actions and BC (trained here on ``train``)."""
+def gate_outcomes(benchmark: str, model, train, val, p: KalmGroundParams, seed: int, settings: kl.EnvSettings,
+                  table: EmbeddingTable) -> tuple[dict[str, list[bool]], dict]:
+    """Gate 0's episode successes of the grounded model, random actions and BC (trained here on ``train``), and
+    BC's goal sensitivity on the held-out episodes ``val``."""
     goals = gate_goals(benchmark)
     learnable = make_learnable(bc_algo(benchmark, p.gate_bc_steps), seed, p.threads)
     for _ in train_offline(learnable, build_dataset(train, table, benchmark), p.gate_bc_steps, p.gate_bc_steps):
@@ -60,7 +64,8 @@ def gate_outcomes(benchmark: str, model, train, p: KalmGroundParams, seed: int, 
     rows = {"grounded": grounded_act(model, goals), "random": random_act(benchmark, seed),
             "bc": offline_act(bc, table.lookup([g.instruction for g in goals]))}
     outcomes = closed_loop(rows, goals, settings, p.gate_episodes, p.gate_seed)
-    return {row: [o.success for o in outs] for row, outs in outcomes.items()}
+    return ({row: [o.success for o in outs] for row, outs in outcomes.items()},
+            offline_goal_sensitivity(bc, val, benchmark, table))
 
 
 def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, launch, live) -> tuple:
@@ -94,6 +99,7 @@ def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, laun
     train_seconds = time.perf_counter() - train_start
     after, unseen_after = evaluate_losses(model, selection, p), evaluate_losses(model, unseen, p)
     error = state_error(model, val)
+    sensitivity = goal_sensitivity(model, val, benchmark)
     metrics = {
         "seed": seed,
         "heldout_selection_loss_before": before["selection_loss"], "heldout_selection_loss_after":
@@ -105,6 +111,7 @@ def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, laun
         "samples": n_samples, "updates": len(rows), "epochs": p.epochs,
         "selected_update": rows[-1].get("selected", len(rows)),
         "state_error": error,  # one step on the held-out transitions, beside copying the last state
+        "goal_sensitivity": sensitivity,  # teacher-forced actions under the own goal and another task's
         "train_seconds": round(train_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
     }
     record = {"before": before, "after": after, "unseen_before": unseen_before, "unseen_after": unseen_after,
@@ -142,11 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         if p.gate_episodes:
             t0 = time.perf_counter()
             table = EmbeddingTable.load(REAL / "embeddings.npz")
-            flags = gate_outcomes(benchmark, model, train, p, seed, kl.EnvSettings.for_benchmark(env_p, benchmark),
-                                  table)
+            flags, bc_sensitivity = gate_outcomes(benchmark, model, train, val, p, seed,
+                                                  kl.EnvSettings.for_benchmark(env_p, benchmark), table)
             # every episode's success, so that kalm_gate0 pools the seeds' episodes (not their rates)
             metrics["gate0"] = {"rows": {row: success_summary(f) for row, f in flags.items()}, "episodes": flags,
                                 "goals": len(gate_goals(benchmark)), "first_seed": p.gate_seed,
+                                "bc_goal_sensitivity": bc_sensitivity,
                                 "seconds": round(time.perf_counter() - t0, 1)}
             log.info("%s seed %d gate 0: %s", benchmark, seed, metrics["gate0"]["rows"])
         with atomic_path(out.model, is_dir=True) as folder:

@@ -153,7 +153,8 @@ class Host:
         env.update(PREFECT_API_URL=server.api_for(self),
                    PREFECT_WORKER_HEARTBEAT_SECONDS=str(HEARTBEAT_S), PREFECT_WORKER_QUERY_SECONDS="3", **QUIET_CLIENT,
                    LLMRL_WORKER_DIR=str(self.home / "work"),
-                   GIT_SSH_COMMAND=f"ssh -F {self.home / '.ssh' / 'config'}", **extra)
+                   GIT_SSH_COMMAND=f"ssh -F {self.home / '.ssh' / 'config'}")
+        env.update(extra)  # may override the defaults above (a longer heartbeat where no fault is staged)
         return env
 
 

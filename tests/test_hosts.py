@@ -261,10 +261,19 @@ def _host_b_pool(lab: Lab) -> tuple[Server, str]:
         if "b" not in lab.shared:
             server = lab.server("b")
             deployment = lab.deploy(server, "b")
-            lab.start_worker(server, lab.hosts["b"], "b", limit=4, TOY_LOG=str(lab.tmp / "toy-pool.log"))
+            # No fault is staged on B: a 10 s heartbeat (offline after 30 s) keeps a worker that a loaded CI host
+            # starves for 9 s (3 s heartbeats) from being taken for lost and its stages from being submitted twice.
+            lab.start_worker(server, lab.hosts["b"], "b", limit=4, TOY_LOG=str(lab.tmp / "toy-pool.log"),
+                             PREFECT_WORKER_HEARTBEAT_SECONDS="10")
             _online(server, "b", {"b"})
             lab.shared["b"] = server, deployment
         return lab.shared["b"]
+
+
+def _run_states(run: dict) -> str:
+    """Each flow run's stage, state and message, and the coordinator's last lines: why a stage ran twice."""
+    rows = [f"{r.parameters['stage']}: {r.state.name} {r.state.message or ''}" for r in run["runs"]]
+    return "\n".join(rows) + "\n" + run["out"][-3000:]
 
 
 def _runs_for(server: Server, deployment: str, lab: Lab, workspace: Path) -> list:
@@ -296,7 +305,8 @@ def test_toy_dag_runs_on_host_b(scenarios):
     assert set(_intervals(run["pool_log"])) == TOY_COMMANDS  # each computed once
     _check_clock_restored(workspace)
     # every stage that can leave the coordinator (all but the persisted `memo`) ran on B, once
-    assert sorted(r.parameters["stage"] for r in run["runs"]) == sorted(TOY_STAGES - {"memo"} | {"clock"})
+    assert sorted(r.parameters["stage"] for r in run["runs"]) == sorted(TOY_STAGES - {"memo"} | {"clock"}), \
+        _run_states(run)
     assert {r.labels.get(hosts.WORKER_LABEL) for r in run["runs"]} == {"b"}
     assert all(r.state.is_completed() for r in run["runs"])
     assert not partial_objects(run["remote"])
@@ -345,7 +355,7 @@ def test_pipeline_slice_runs_on_host_b(scenarios):
         {k: v for k, v in timed[1].items() if k not in TIMED_KEYS}] * 2
     assert _slice_files(workspace) == _slice_files(serial)
     assert "up to date" in _dvc("status", *SLICE, cwd=workspace, env=run["env"])
-    assert sorted(r.parameters["stage"] for r in run["runs"]) == sorted(SLICE)
+    assert sorted(r.parameters["stage"] for r in run["runs"]) == sorted(SLICE), _run_states(run)
     assert {r.labels.get(hosts.WORKER_LABEL) for r in run["runs"]} == {"b"}
     assert not partial_objects(run["remote"])
     print(f"\n[hosts] pipeline slice {SLICE}, stages on host B: {run['wall']:.1f} s wall time")

@@ -661,3 +661,67 @@ def test_babyai_state_error_counts_fields_against_copying():
     err = kg.state_error(_babyai_model(), eps)
     assert err["metric"] == "field_error" and err["transitions"] == sum(len(e) for e in eps)
     assert 0 <= err["model"] <= 1 and 0 < err["copy_last_state"] < 1  # a step changes some fields, not all
+
+
+def test_action_agreement_of_episodes_stepped_together_equals_each_alone():
+    """``action_agreement`` steps episodes of different lengths as one batch; the share of agreeing steps equals the
+    step-weighted mean of each episode scored alone."""
+    rng = np.random.default_rng(3)
+    model = _model(True)
+    eps = [_episode(rng, T=T, discrete=True) for T in (2, 5, 3)]
+    missions = ["go", "pick up the blue key please", "open the door"]
+    together = kg.action_agreement(model, eps, missions)
+    alone = [kg.action_agreement(model, [e], [m]) for e, m in zip(eps, missions)]
+    assert together["steps"] == 10 and [a["steps"] for a in alone] == [2, 5, 3]
+    assert together["value"] == pytest.approx(sum(a["value"] * a["steps"] for a in alone) / 10, abs=1e-6)
+    with pytest.raises(ValueError, match="2 instructions for 3 episodes"):
+        kg.action_agreement(model, eps, missions[:2])
+
+
+def test_goal_sensitivity_tells_a_goal_conditioned_policy_from_one_that_ignores_its_goal():
+    """Trained where the instruction alone decides the action (two tasks, one action each), the model agrees with
+    the expert under its own goal and mostly not under the other task's."""
+    from llmrl.envs.kalm_episodes import expert_episodes
+
+    goals = kl.goals("babyai", "train")
+    tasks = sorted({g.task for g in goals})[:2]
+    eps = [e for t in tasks for e in expert_episodes("babyai", [next(g for g in goals if g.task == t)], 1, seed=0,
+                                                     settings=kl.EnvSettings(max_steps=4))]
+    action_of = {tasks[0]: 0, tasks[1]: 2}  # a toy expert: one action per task, whatever the state
+    eps = [dataclasses.replace(e, actions=np.full(len(e), action_of[e.info["task"]])) for e in eps]
+    model = _babyai_model()
+    before = kg.goal_sensitivity(model, eps, "babyai")
+    assert before["own_goal"]["steps"] == before["other_goal"]["steps"] == sum(len(e) for e in eps)
+    relabelled = kg.training_phrasing_episodes(eps, "babyai")
+    p = _params(trajectory_samples=16, dynamics_samples=0, goal_samples=0, reverse_samples=0, epochs=30.0,
+                batch_size=8, window=4)
+    rng = np.random.default_rng(0)
+    for _ in kg.train_grounding(model, kg.build_samples(model, relabelled, p, rng), p, rng):
+        pass
+    after = kg.goal_sensitivity(model, eps, "babyai")
+    assert after["own_goal"]["value"] == 1.0, after
+    assert after["other_goal"]["value"] < 0.5, after  # each task's neighbour in sorted order is the other
+    assert after["majority_action"] == pytest.approx(max(sum(action_of[e.info["task"]] == a for e in eps
+                                                             for _ in range(len(e))) for a in (0, 2))
+                                                     / sum(len(e) for e in eps))
+
+
+def test_offline_goal_sensitivity_scores_the_policy_under_its_own_goal_and_another():
+    """BC's figure of ``goal_sensitivity``: a policy whose action follows the instruction embedding agrees with
+    the expert under its own goal, and not under the swapped one, on the same states."""
+    from llmrl.data.embeddings import EmbeddingTable
+    from llmrl.envs.kalm_episodes import expert_episodes
+    from llmrl.eval.kalm import offline_goal_sensitivity
+
+    goals = kl.goals("babyai", "train")
+    tasks = sorted({g.task for g in goals})[:2]
+    eps = [e for t in tasks for e in expert_episodes("babyai", [next(g for g in goals if g.task == t)], 1, seed=0,
+                                                     settings=kl.EnvSettings(max_steps=4))]
+    action_of = {tasks[0]: 0, tasks[1]: 2}
+    eps = [dataclasses.replace(e, actions=np.full(len(e), action_of[e.info["task"]])) for e in eps]
+    texts = [g.instruction for g in goals]
+    table = EmbeddingTable(texts, np.stack([np.eye(7, dtype=np.float32)[action_of.get(g.task, 1)] for g in goals]))
+    policy = SimpleNamespace(act_batch=lambda obs, emb: emb.argmax(-1))
+    out = offline_goal_sensitivity(policy, eps, "babyai", table)
+    assert out["own_goal"] == {"metric": "agreement", "value": 1.0, "steps": sum(len(e) for e in eps)}
+    assert out["other_goal"]["value"] == 0.0 and out["majority_action"] == 0.5

@@ -31,7 +31,8 @@ from llmrl.llm.load import dtype_name, resolve_dtype
 
 __all__ = ["grounding_spec", "build_samples", "validation_params", "training_phrasing_episodes", "heldout_samples",
            "update_steps", "length_batches", "autocast_dtype", "evaluate_losses", "selection_loss", "select_checkpoint",
-           "state_error", "train_grounding"]
+           "state_error", "action_agreement", "goal_swap", "majority_agreement",
+           "goal_sensitivity", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 TERMS = ("obs_loss", "act_loss", "token_loss")
@@ -241,6 +242,75 @@ def state_error(model: GroundedLM, episodes: Sequence[Episode]) -> dict:
         metric, err, copy = "mae", float(np.mean(np.abs(pred - nxt))), float(np.mean(np.abs(obs - nxt)))
     return {"metric": metric, "model": round(err, 6), "copy_last_state": round(copy, 6),
             "beats_copy": err < copy, "transitions": len(obs)}
+
+
+def action_agreement(model: GroundedLM, episodes: Sequence[Episode], instructions: Sequence[str]) -> dict:
+    """The model's teacher-forced actions on ``episodes`` (the real states and the expert's actions fed in; episode
+    i under ``instructions[i]``), against the expert's: the share of steps whose greedy action is the expert's
+    (discrete), or the mean absolute action error (continuous). The episodes step together as rows of one batch."""
+    if not episodes:
+        raise ValueError("action_agreement: no episodes")
+    if len(instructions) != len(episodes):
+        raise ValueError(f"action_agreement: {len(instructions)} instructions for {len(episodes)} episodes")
+    arrays = [episode_arrays(ep) for ep in episodes]
+    live = list(range(len(episodes)))
+    state, h = model.start_episodes(list(instructions), np.stack([a[0][0] for a in arrays]).astype(np.float32))
+    scores: list[float] = []
+    t = 0
+    while True:
+        pred = model.actions_from_hidden(h, greedy=True)
+        for row, i in enumerate(live):
+            expert = np.asarray(arrays[i][1][t])
+            scores.append(float(pred[row] == expert) if model.spec.discrete
+                          else float(np.mean(np.abs(pred[row] - expert))))
+        keep = [row for row, i in enumerate(live) if t + 1 < len(arrays[i][0])]
+        if not keep:
+            break
+        if len(keep) < len(live):
+            state = model.select_rows(state, keep)
+            live = [live[row] for row in keep]
+        taken = np.stack([np.asarray(arrays[i][1][t]) for i in live])
+        state, h = model.feed(state, taken.astype(np.int64) if model.spec.discrete else taken.astype(np.float32),
+                              np.stack([arrays[i][2][t] for i in live]).astype(np.float32))
+        t += 1
+    return {"metric": "agreement" if model.spec.discrete else "mae", "value": round(float(np.mean(scores)), 6),
+            "steps": len(scores)}
+
+
+def goal_swap(episodes: Sequence[Episode], benchmark: str) -> tuple[list[Episode], list[str]]:
+    """Held-out ``episodes`` relabelled with a training phrasing of their own task (``training_phrasing_episodes``),
+    and for each the same-index training phrasing of another task (the next training task in sorted order): the two
+    goals ``goal_sensitivity`` compares."""
+    own = training_phrasing_episodes(episodes, benchmark)
+    phrasings: dict[str, list[str]] = {}
+    for g in kl.goals(benchmark, "train"):
+        phrasings.setdefault(g.task, []).append(g.instruction)
+    tasks = sorted(phrasings)
+    other = []
+    for ep in own:
+        k = phrasings[ep.info["task"]].index(ep.mission)
+        swap = tasks[(tasks.index(ep.info["task"]) + 1) % len(tasks)]
+        other.append(phrasings[swap][k % len(phrasings[swap])])
+    return own, other
+
+
+def majority_agreement(episodes: Sequence[Episode]) -> float:
+    """The agreement with the expert of always taking its most common action (discrete actions)."""
+    acts = np.concatenate([np.asarray(e.actions).reshape(-1) for e in episodes]).astype(np.int64)
+    return round(float(np.bincount(acts).max() / len(acts)), 6)
+
+
+def goal_sensitivity(model: GroundedLM, episodes: Sequence[Episode], benchmark: str) -> dict:
+    """Does the model's action depend on its instruction? ``action_agreement`` on held-out ``episodes`` under a
+    training phrasing of each episode's own task (``own_goal``) and of another task (``other_goal``, ``goal_swap``).
+    Equal figures mean a policy that ignores its goal, which no goal-conditioned rollout can come from;
+    ``majority_action`` is the agreement of always taking the expert's most common action (discrete)."""
+    own, other = goal_swap(episodes, benchmark)
+    out = {"own_goal": action_agreement(model, own, [e.mission for e in own]),
+           "other_goal": action_agreement(model, own, other)}
+    if model.spec.discrete:
+        out["majority_action"] = majority_agreement(episodes)
+    return out
 
 
 class _Losses(torch.nn.Module):
