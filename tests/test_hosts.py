@@ -23,7 +23,7 @@ import yaml
 
 from pipelines import hosts
 
-from .hosts_lab import HEARTBEAT_S, ROOT, Lab, Server, partial_objects, snapshot, state_env, temporary_files, \
+from .hosts_lab import HEARTBEAT_S, ROOT, STEADY_HEARTBEAT_S, Lab, Server, partial_objects, snapshot, state_env, temporary_files, \
     unavailable
 from .test_pipeline import _TOY_STEP, TOY_COMMANDS, TOY_PARALLEL_DVC, TOY_STAGES, _check_clock_restored, _intervals, \
     _outputs
@@ -261,10 +261,8 @@ def _host_b_pool(lab: Lab) -> tuple[Server, str]:
         if "b" not in lab.shared:
             server = lab.server("b")
             deployment = lab.deploy(server, "b")
-            # No fault is staged on B: a 10 s heartbeat (offline after 30 s) keeps a worker that a loaded CI host
-            # starves for 9 s (3 s heartbeats) from being taken for lost and its stages from being submitted twice.
             lab.start_worker(server, lab.hosts["b"], "b", limit=4, TOY_LOG=str(lab.tmp / "toy-pool.log"),
-                             PREFECT_WORKER_HEARTBEAT_SECONDS="10")
+                             PREFECT_WORKER_HEARTBEAT_SECONDS=str(STEADY_HEARTBEAT_S))  # no fault staged on B
             _online(server, "b", {"b"})
             lab.shared["b"] = server, deployment
         return lab.shared["b"]
@@ -421,7 +419,8 @@ def _a_host_joins_mid_run_and_takes_over_from_a_killed_one(lab: Lab, serial: dic
                            workspace, "gate-coordinator")
     try:
         on_b = _wait("a stage started on B", lambda: [s for s, w in _starts(log).items() if w == b.name], 120)[0]
-        lab.start_worker(server, c, "gate", limit=1, GATE=str(gate), GATE_LOG=str(log))  # C joins mid-run
+        lab.start_worker(server, c, "gate", limit=1, GATE=str(gate), GATE_LOG=str(log),  # C joins mid-run
+                         PREFECT_WORKER_HEARTBEAT_SECONDS=str(STEADY_HEARTBEAT_S))
         on_c = _wait("a stage started on C", lambda: [s for s, w in _starts(log).items() if w == c.name], 120)[0]
         killed, killed_at = time.monotonic(), datetime.datetime.now(datetime.timezone.utc)
         lab.kill_host(b)
@@ -559,8 +558,9 @@ def _gpu_slots_count_the_gpus_declared_across_hosts(lab: Lab, serial: dict) -> d
     server = lab.server("gpus")
     deployment = lab.deploy(server, "gpus")
     b, c = lab.hosts["b-2gpus"], lab.hosts["c-1gpu"]
-    lab.start_worker(server, b, "gpus", limit=0, gpus=2, GPU_LOG=str(log))  # GPU stages only
-    lab.start_worker(server, c, "gpus", limit=0, gpus=1, GPU_LOG=str(log))
+    steady = dict(PREFECT_WORKER_HEARTBEAT_SECONDS=str(STEADY_HEARTBEAT_S))  # no fault staged here
+    lab.start_worker(server, b, "gpus", limit=0, gpus=2, GPU_LOG=str(log), **steady)  # GPU stages only
+    lab.start_worker(server, c, "gpus", limit=0, gpus=1, GPU_LOG=str(log), **steady)
     _online(server, "gpus", {f"{b.name}-gpu", f"{c.name}-gpu"})
 
     def limit():
