@@ -323,8 +323,9 @@ def test_babyai_compact_state_round_trips_and_its_rule_is_the_envs_success():
                 assert read["agent"] == (*map(int, level.agent_pos), int(level.agent_dir))
                 assert read["carrying"] == (None if level.carrying is None
                                             else (level.carrying.type, level.carrying.color))
-                placed = [(o.type, o.color, None, None if o is level.carrying else tuple(map(int, o.cur_pos)))
-                          for o in level.room_grid[0][0].objs]
+                placed = sorted(((o.type, o.color, tuple(map(int, o.cur_pos)))
+                                 for o in level.room_grid[0][0].objs if o is not level.carrying),
+                                key=lambda o: bab.SLOTS.index(o[:2]))
                 assert read["objects"] == placed
                 action = int(bot.replan()) if policy == "bot" else int(rng.integers(0, 6))
                 _obs, _r, terminated, truncated, info = env.step(action)
@@ -337,3 +338,25 @@ def test_babyai_compact_state_round_trips_and_its_rule_is_the_envs_success():
     assert successes >= 4 and checked > 30  # the bot solves its episodes: the rule fired where the env's did
     with pytest.raises(ValueError, match="compact state has"):
         bab.read_compact(np.zeros(3))
+
+
+def test_babyai_state_layout_does_not_say_which_object_is_the_goal():
+    """Each (type, colour) has its own slot, as each object has in CLEVR-Robot: the goal object (placed first by
+    the generator) sits in its own slot, which across tasks is every slot in turn, and the rooms' objects are
+    distinct; a room that cannot hold distinct objects is refused by name."""
+    from llmrl.envs import kalm_babyai as bab
+
+    settings = kl.EnvSettings(max_steps=8, room_size=8, num_distractors=4)
+    goal_slots = set()
+    for goal in kl.one_per_task(kl.goals("babyai", "train")):
+        _verb, colour, kind = goal.task.split(":")
+        env = kl.make_goal_env(goal, 0, settings)
+        state, _ = env.reset(seed=0)
+        objs = env.unwrapped.room_grid[0][0].objs
+        assert len({(o.type, o.color) for o in objs}) == len(objs) == 5
+        slot = bab.SLOTS.index((kind, colour))
+        assert tuple(state[5 + 2 * slot:7 + 2 * slot]) == tuple(objs[0].cur_pos)  # the goal object, placed first
+        goal_slots.add(slot)
+    assert len(goal_slots) > 10
+    with pytest.raises(ValueError, match="num_distractors 18"):
+        bab.make_babyai_env("goto:red:ball", "go to the red ball", num_distractors=18)

@@ -112,7 +112,9 @@ def tiny_goto():
     goals = [g for g in kl.goals("babyai", "train") if g.task.startswith("goto:")
              and g.instruction.startswith("go to the")][:4]
     settings = kl.EnvSettings(max_steps=30, room_size=6, num_distractors=2)
-    episodes = list(expert_episodes("babyai", goals, 60, seed=0, settings=settings))
+    # 300 a goal (~4,600 steps): with 60 (~900 steps) BC fits them (loss 0.15) and still acts no better than random
+    # (0.175 against 0.15): it must learn which slot the instruction names, as well as how to walk to it
+    episodes = list(expert_episodes("babyai", goals, 300, seed=0, settings=settings))
     table = build_table(load_model("tiny"), [g.instruction for g in goals])
     return goals, settings, episodes, table
 
@@ -122,20 +124,18 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
 
     goals, settings, episodes, table = tiny_goto
     # beta=0: no logit regularisation, so the loss is the imitation loss alone (d3rlpy's default 0.5 adds ~1.2)
-    # 1000 updates: on the compact state's absolute cells the loss halves after ~600 (measured 0.95 -> 0.55 at 600,
-    # 0.16 at 1000), later than on an egocentric view
-    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=1000,
+    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=3000,
                        config={"batch_size": 64, "learning_rate": 1e-3, "beta": 0.0})
     learnable = make_learnable(algo, seed=0)
-    rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai"), algo.steps, log_every=200))
-    assert [r["step"] for r in rows] == [200, 400, 600, 800, 1000]
+    rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai"), algo.steps, log_every=600))
+    assert [r["step"] for r in rows] == [600, 1200, 1800, 2400, 3000]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
     pool = kl.GoalEnvPool(settings)
     embeds = table.lookup([g.instruction for g in goals])
     policy = OfflinePolicy(learnable, embeds[0])
     trained = np.mean([o.success for o in run_level(offline_act(policy, embeds), goals, pool, 10, 20_000)])
     rand = np.mean([o.success for o in run_level(random_act("babyai", 0), goals, pool, 10, 20_000)])
-    assert trained >= rand + 0.15, (trained, rand)  # measured: 0.45 at 600 updates, 0.575 at 2000, random 0.15
+    assert trained >= rand + 0.15, (trained, rand)  # measured: 0.625 at 3000 updates, random 0.15
     # save -> d3rlpy.load_learnable round trip gives the same actions
     save_learnable(learnable, tmp_path / "model.d3")
     loaded = OfflinePolicy.load(tmp_path / "model.d3", embeds[0])

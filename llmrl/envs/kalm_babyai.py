@@ -6,15 +6,19 @@ blue box". In a two-step task the go-to step counts only while the agent still h
 up (``GoToCarryingInstr``): BabyAI's own "X then Y" forgets the first step once done (its bot drops the object
 before walking on), which no single observation can check. The level is minigrid's ``RoomGridLevel`` (so BabyAI's own verifier decides success and gives the reward
 ``1 - 0.9 * step / max_steps``, and minigrid's ``BabyAIBot`` can solve it); the goal object(s) are placed at
-random with ``num_distractors`` other objects, none of which matches a goal object's colour and type.
+random with ``num_distractors`` other objects, every object in the room of a distinct (type, colour).
 The mission string the agent sees is the goal's instruction text (a paraphrase), not BabyAI's surface form.
 
-Observation (``OBS_DIM`` = 45 float32): the room's compact, exact state, what CLEVR-Robot's object vector is to
-KALM (``compact_state``; layout below): the agent's position and direction, the carried object, and every object's
-type, colour, door state and position, each dim one categorical field (``obs_fields``) with minigrid's codes
-(``minigrid.core.constants``). A step changes a few fields, where an egocentric view is rewritten on every turn;
-the success rule reads it exactly (``compact_success``, BabyAI's verifier's conditions). Positions are absolute
-grid cells, so rooms up to ``MAX_ROOM_SIZE`` cells a side fit the fields.
+Observation (``OBS_DIM`` = 41 float32): the room's compact, exact state, what CLEVR-Robot's object vector is to
+KALM (``compact_state``; layout below): the agent's position and direction, the carried object, and one fixed slot
+per (type, colour) holding that object's position, each dim one categorical field (``obs_fields``) with minigrid's
+codes (``minigrid.core.constants``). As in CLEVR-Robot, where each object has its own slot, "the red ball" names
+the same dims in every episode, and the state's layout says nothing about which object the goal is (the generator
+adds the goal object first: a state listing objects in placement order would tell a policy where the goal is
+without reading its instruction). So every object in a room is of a distinct (type, colour). A step changes a few
+fields, where an egocentric view is rewritten on every turn; the success rule reads it exactly
+(``compact_success``, BabyAI's verifier's conditions). Positions are absolute grid cells, so rooms up to
+``MAX_ROOM_SIZE`` cells a side fit the fields.
 Actions: minigrid's 7 discrete actions (left, right, forward, pickup, drop, toggle, done).
 """
 
@@ -22,12 +26,12 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
-from minigrid.core.constants import COLOR_TO_IDX, DIR_TO_VEC, OBJECT_TO_IDX, STATE_TO_IDX
+from minigrid.core.constants import COLOR_TO_IDX, DIR_TO_VEC, OBJECT_TO_IDX
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
 
 __all__ = ["OBS_DIM", "N_ACTIONS", "COLOURS", "OBJECT_TYPES", "BadTaskError", "parse_task", "obs_fields",
-           "make_babyai_env", "MAX_OBJECTS", "MAX_ROOM_SIZE", "compact_dim", "compact_fields", "compact_state",
+           "make_babyai_env", "SLOTS", "MAX_OBJECTS", "MAX_ROOM_SIZE", "compact_dim", "compact_fields", "compact_state",
            "read_compact", "compact_success"]
 
 N_ACTIONS = 7
@@ -89,6 +93,10 @@ class KalmBabyAILevel(RoomGridLevel):
     def __init__(self, task: str, instruction: str, room_size: int = 7, num_distractors: int = 3,
                  max_steps: int = 64, **kwargs):
         self.task_steps = parse_task(task)
+        targets = len({(colour, kind) for _verb, colour, kind in self.task_steps})
+        if targets + num_distractors > len(SLOTS):
+            raise ValueError(f"num_distractors {num_distractors} (kalm.env.babyai_num_distractors): with {targets} "
+                             f"goal object(s) a room holds at most {len(SLOTS)} objects of distinct (type, colour)")
         self.instruction = instruction
         self.num_distractors = num_distractors
         super().__init__(num_rows=1, num_cols=1, room_size=room_size, max_steps=max_steps, **kwargs)
@@ -100,14 +108,16 @@ class KalmBabyAILevel(RoomGridLevel):
             if (kind, colour) not in targets:
                 self.add_object(0, 0, kind, colour)
                 targets.append((kind, colour))
-        placed = 0
-        while placed < self.num_distractors:
+        present = list(targets)
+        while len(present) < len(targets) + self.num_distractors:
             kind = self._rand_elem(OBJECT_TYPES)
             colour = self._rand_elem(COLOURS)
-            if (kind, colour) in targets:
-                continue  # a distractor never matches a goal object, so the description is unambiguous
+            if (kind, colour) in present:
+                # never a goal object's twin (the description stays unambiguous), nor another distractor's: each
+                # (type, colour) has one slot of the compact state
+                continue
             self.add_object(0, 0, kind, colour)
-            placed += 1
+            present.append((kind, colour))
         self.check_objs_reachable()
         self.instrs = _instrs(self.task_steps)
 
@@ -122,7 +132,7 @@ class CompactObsWrapper(gym.Wrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        high = max(len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX), MAX_ROOM_SIZE) - 1
+        high = max(len(OBJECT_TO_IDX), len(COLOR_TO_IDX), MAX_ROOM_SIZE) - 1
         self.observation_space = gym.spaces.Box(0.0, float(high), (OBS_DIM,), np.float32)
 
     def reset(self, **kwargs):
@@ -149,13 +159,14 @@ def make_babyai_env(task: str, instruction: str, seed: int | None = None, *, roo
 
 # ---- the compact state: what CLEVR-Robot's object vector is to KALM -------------------------------------------------
 # Layout (every dim one categorical "index" field): agent x, y, direction; carried object's type and colour (type 0:
-# nothing); then MAX_OBJECTS slots of (type, colour, state, x, y), the room's objects in placement order, then its
-# doors (type 0: empty slot; x = y = 0: off the grid, i.e. carried: walls fill row and column 0, so no object sits
-# there). Exact and absolute where the egocentric view is rewritten on every turn: a step changes a few fields.
-MAX_OBJECTS = 8
+# nothing); then one slot per (type, colour) of OBJECT_TYPES x COLOURS, in that order, holding the object's x, y
+# (x = y = 0: not in the room, or carried: walls fill row and column 0, so no object sits there). Exact and absolute
+# where the egocentric view is rewritten on every turn: a step changes a few fields.
+SLOTS = tuple((kind, colour) for kind in OBJECT_TYPES for colour in COLOURS)
+MAX_OBJECTS = len(SLOTS)
 # position classes of every room (kalm.env.babyai_room_size at most this): one model spec for any room size
 MAX_ROOM_SIZE = 16
-_AGENT, _SLOT = 5, 5
+_AGENT, _SLOT = 5, 2
 
 
 def compact_dim() -> int:
@@ -168,20 +179,13 @@ OBS_DIM = compact_dim()
 def compact_fields(room_size: int = MAX_ROOM_SIZE) -> list[tuple[int, int, str]]:
     """The compact state's categorical fields (first dim, classes, "index") for rooms of up to ``room_size`` cells
     a side."""
-    n_types, n_colours, n_states = len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX)
+    n_types, n_colours = len(OBJECT_TO_IDX), len(COLOR_TO_IDX)
     fields = [(0, room_size, "index"), (1, room_size, "index"), (2, 4, "index"), (3, n_types, "index"),
               (4, n_colours, "index")]
     for k in range(MAX_OBJECTS):
         base = _AGENT + _SLOT * k
-        fields += [(base, n_types, "index"), (base + 1, n_colours, "index"), (base + 2, n_states, "index"),
-                   (base + 3, room_size, "index"), (base + 4, room_size, "index")]
+        fields += [(base, room_size, "index"), (base + 1, room_size, "index")]
     return fields
-
-
-def _door_state(obj) -> int:
-    if obj.type != "door":
-        return 0
-    return STATE_TO_IDX["locked" if obj.is_locked else "open" if obj.is_open else "closed"]
 
 
 def obs_fields() -> list[tuple[int, int, str]]:
@@ -194,40 +198,43 @@ def compact_state(env) -> np.ndarray:
     """The compact state of a ``KalmBabyAILevel`` (or a wrapper of one) now: float32 [compact_dim()]."""
     level = env.unwrapped
     room = level.room_grid[0][0]
-    objects = list(room.objs) + [d for d in room.doors if d is not None]
-    if len(objects) > MAX_OBJECTS:
-        raise ValueError(f"compact_state: {len(objects)} objects, at most MAX_OBJECTS = {MAX_OBJECTS} fit "
-                         "(lower kalm.env.babyai_num_distractors)")
+    if any(d is not None for d in room.doors):
+        raise ValueError("compact_state: the room has doors, which the compact state has no slots for")
     out = np.zeros(compact_dim(), np.float32)
     out[:3] = (*level.agent_pos, level.agent_dir)
     if level.carrying is not None:
         out[3:5] = OBJECT_TO_IDX[level.carrying.type], COLOR_TO_IDX[level.carrying.color]
-    for k, obj in enumerate(objects):
-        base = _AGENT + _SLOT * k
-        pos = obj.cur_pos if obj.cur_pos is not None and obj is not level.carrying else (0, 0)
-        out[base:base + _SLOT] = (OBJECT_TO_IDX[obj.type], COLOR_TO_IDX[obj.color], _door_state(obj), *pos)
+    seen = set()
+    for obj in room.objs:
+        key = (obj.type, obj.color)
+        if key not in _SLOT_OF:
+            raise ValueError(f"compact_state: a {obj.color} {obj.type} has no slot (types {OBJECT_TYPES}, colours "
+                             f"{COLOURS})")
+        if key in seen:
+            raise ValueError(f"compact_state: two {obj.color} {obj.type}s in the room share one slot")
+        seen.add(key)
+        if obj is not level.carrying and obj.cur_pos is not None:
+            base = _AGENT + _SLOT * _SLOT_OF[key]
+            out[base:base + _SLOT] = obj.cur_pos
     return out
 
 
+_SLOT_OF = {key: k for k, key in enumerate(SLOTS)}
 _IDX_TO_OBJECT = {v: k for k, v in OBJECT_TO_IDX.items()}
 _IDX_TO_COLOUR = {v: k for k, v in COLOR_TO_IDX.items()}
-_IDX_TO_STATE = {v: k for k, v in STATE_TO_IDX.items()}
 
 
 def read_compact(state: np.ndarray) -> dict:
-    """The compact state's fields by name: agent (x, y, direction), carrying (type, colour) or None, and objects
-    [(type, colour, door state or None, (x, y) or None when carried)]."""
+    """The compact state's fields by name: agent (x, y, direction), carrying (type, colour) or None, and the
+    objects on the grid [(type, colour, (x, y))] in slot order."""
     v = np.asarray(state).round().astype(int)
     if v.shape != (compact_dim(),):
         raise ValueError(f"read_compact: shape {v.shape}, the compact state has {compact_dim()} dims")
     objects = []
-    for k in range(MAX_OBJECTS):
-        t, c, st, x, y = v[_AGENT + _SLOT * k:_AGENT + _SLOT * (k + 1)]
-        if t == 0:
-            continue
-        kind = _IDX_TO_OBJECT[t]
-        objects.append((kind, _IDX_TO_COLOUR[c], _IDX_TO_STATE[st] if kind == "door" else None,
-                        None if (x, y) == (0, 0) else (int(x), int(y))))
+    for k, (kind, colour) in enumerate(SLOTS):
+        x, y = v[_AGENT + _SLOT * k:_AGENT + _SLOT * (k + 1)]
+        if (x, y) != (0, 0):
+            objects.append((kind, colour, (int(x), int(y))))
     carrying = (_IDX_TO_OBJECT[v[3]], _IDX_TO_COLOUR[v[4]]) if v[3] else None
     return {"agent": (int(v[0]), int(v[1]), int(v[2])), "carrying": carrying, "objects": objects}
 
@@ -243,5 +250,5 @@ def compact_success(task: str, state: np.ndarray) -> bool:
         if verb == "pickup":
             ok = ok and fields["carrying"] == (kind, colour)
         else:
-            ok = ok and any(o[:2] == (kind, colour) and o[3] == front for o in fields["objects"])
+            ok = ok and any(o[:2] == (kind, colour) and o[2] == front for o in fields["objects"])
     return bool(ok)

@@ -7,8 +7,8 @@ Benchmarks (``BENCHMARKS``):
   faucet-open, coffee-push, coffee-button), 12 phrasings each: 8 train, 2 validation, 2 test (*rephrase*).
   *easy*: reach-wall, push-wall, pick-place-wall, button-press-wall, door-lock, door-close, window-close,
   faucet-close. *hard*: hammer, soccer, make-coffee, locked-door-open (two-stage, composed here).
-- ``babyai`` — discrete, 7 actions, 45-d compact states: agent, carried object, objects' type, colour, door state
-  and position, each a categorical field (``llmrl.envs.kalm_babyai``). Stands in for CLEVR-Robot
+- ``babyai`` — discrete, 7 actions, 41-d compact states: agent, carried object, one position slot per
+  (type, colour), each a categorical field (``llmrl.envs.kalm_babyai``). Stands in for CLEVR-Robot
   (as in KALM's follow-up ImagineBench). Task types go-to and pick-up over 3 object types × 6 colours.
   Training: every (colour, type) combination except ``HELD_OUT_COMBOS``, canonical and paraphrased missions
   (6 train templates per verb); validation: 2 held-out templates; *rephrase*: 2 further held-out templates on the
