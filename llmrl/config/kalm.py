@@ -39,7 +39,9 @@ class KalmEnvParams(Section):
     babyai_max_steps: int = Field(64, gt=0, description="BabyAI step cap (BabyAI's own: room_size² per navigation)")
     babyai_room_size: int = Field(8, ge=5, le=16, description="BabyAI room side in cells, walls included (at most "
                                   "kalm_babyai.MAX_ROOM_SIZE: the compact state's position classes)")
-    babyai_num_distractors: int = Field(4, ge=0, description="BabyAI objects besides the goal object(s)")
+    babyai_num_distractors: int = Field(4, ge=0, le=16, description="BabyAI objects besides the goal object(s), "
+                                        "every object of its own (type, colour): 18 slots of the compact state "
+                                        "less at most two goal objects")
 
 
 class KalmDataParams(Section):
