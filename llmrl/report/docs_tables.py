@@ -508,7 +508,32 @@ def kalm_grounding_tables(root: Path, tier: str = "") -> list[DocTable]:
                      "held-out action and observation loss) and that loss before and after.", [f"{ground}/*/*.json"],
                      ["benchmark", "grounding seed", "error", "model", "copy the last state", "beats copying",
                       "selected update", "selection loss"], rows)
-    return [gate, state]
+    rows = []
+    for bench in sorted(p.stem for p in _files(root, gates)):
+        for path in _files(root, f"{ground}/{bench}"):
+            rel = f"{ground}/{bench}/{path.name}"
+            if "goal_sensitivity" not in read_value(root, rel, ()):
+                continue  # a grounding recorded before the goal-sensitivity check
+            cells = [label(bench), label(path.stem),
+                     Cell((figure(root, rel, ("goal_sensitivity", "own_goal", "metric")),))]
+            for who, key in (("grounded", ("goal_sensitivity",)), ("bc", ("gate0", "bc_goal_sensitivity"))):
+                cells.append(Cell((figure(root, rel, (*key, "own_goal", "value")), " / ",
+                                   figure(root, rel, (*key, "other_goal", "value")))))
+            majority = read_value(root, rel, ("goal_sensitivity",)).get("majority_action")
+            cells.append(Cell((figure(root, rel, ("goal_sensitivity", "majority_action")),)) if majority is not None
+                         else label("—"))
+            rows.append(cells)
+    if not rows:
+        return [gate, state]
+    goal = DocTable(f"kalm-{tier.replace('/', '-')}goal-sensitivity", "Does the policy read its goal? Teacher-forced "
+                    "actions on held-out expert episodes (real states, the expert's actions fed in) against the "
+                    "expert's, under a training phrasing of the episode's own task and of another task (own / "
+                    "other; BabyAI: share of steps agreeing, Meta-World: mean absolute action error), for the "
+                    "grounded model and gate 0's BC; a policy that ignores its goal scores both alike. BabyAI's "
+                    "last column: always taking the expert's most common action.", [f"{ground}/*/*.json"],
+                    ["benchmark", "grounding seed", "metric", "grounded: own / other", "BC: own / other",
+                     "majority action"], rows)
+    return [gate, state, goal]
 
 
 def kalm_tables(root: Path, tier: str = "") -> list[DocTable]:
