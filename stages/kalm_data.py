@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrl.config.kalm import KalmDataParams, KalmEnvParams
-from llmrl.envs.kalm_episodes import expert_episodes, rule_agreement
+from llmrl.envs.kalm_episodes import episode_seeds, expert_episodes, rule_agreement
 from llmrl.data.trajectories import TrajectoryWriter
 from llmrl.envs import kalm_levels as kl
 from llmrl.fingerprint import fingerprint_line
@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             n_per_task = p.metaworld_episodes_per_task if benchmark == "metaworld" else p.babyai_episodes_per_task
             train_goals = kl.goals(benchmark, "train")
-            kl.check_seed_range("train", p.seed, n_per_task, "kalm.data.seed")
-            kl.check_seed_range("validation", p.validation_seed, p.validation_episodes_per_task,
+            kl.check_seed_range("train", p.seed, episode_seeds(train_goals, n_per_task), "kalm.data.seed")
+            kl.check_seed_range("validation", p.validation_seed,
+                                episode_seeds(kl.goals(benchmark, "validation"), p.validation_episodes_per_task),
                                 "kalm.data.validation_seed")
             settings = kl.EnvSettings.for_benchmark(env_p, benchmark)
             episodes = []

@@ -360,3 +360,14 @@ def test_babyai_state_layout_does_not_say_which_object_is_the_goal():
     assert len(goal_slots) > 10
     with pytest.raises(ValueError, match="num_distractors 18"):
         bab.make_babyai_env("goto:red:ball", "go to the red ball", num_distractors=18)
+
+
+def test_expert_episodes_of_different_tasks_start_from_different_seeds():
+    """Every expert episode has a seed of its own, consecutive from ``seed`` (``episode_seeds`` of them): BabyAI
+    draws the agent's pose from the seed, so tasks sharing seeds would share starts."""
+    from llmrl.envs.kalm_episodes import episode_seeds
+
+    goals = [g for g in kl.goals("babyai", "validation") if g.task.startswith("goto:")][:6]
+    eps = list(expert_episodes("babyai", goals, 2, seed=10_000, settings=kl.EnvSettings(max_steps=8)))
+    assert sorted(e.seed for e in eps) == list(range(10_000, 10_000 + episode_seeds(goals, 2)))
+    assert len({tuple(e.observations["obs"][0][:3]) for e in eps}) > 2  # agent poses: not one per episode index
