@@ -29,15 +29,14 @@ from tqdm.auto import tqdm
 
 from llmrl.agents.offline_policy import OfflinePolicy
 from llmrl.algos.kalm_grounding import (autocast_dtype, build_samples, evaluate_losses, grounding_spec,
-                                        goal_sensitivity, heldout_samples, state_error, train_grounding,
-                                        update_steps)
+                                        goal_sensitivity, heldout_samples, offline_goal_sensitivity, state_error,
+                                        train_grounding, update_steps)
 from llmrl.algos.kalm_offline import bc_algo, build_dataset, make_learnable, train_offline
 from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.data.trajectories import read_episodes
 from llmrl.envs import kalm_levels as kl
-from llmrl.eval.kalm import (closed_loop, gate_goals, grounded_act, offline_act, offline_goal_sensitivity, random_act,
-                             success_summary)
+from llmrl.eval.kalm import closed_loop, gate_goals, grounded_act, offline_act, random_act, success_summary
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import build_grounded

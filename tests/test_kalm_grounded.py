@@ -711,8 +711,6 @@ def test_offline_goal_sensitivity_scores_the_policy_under_its_own_goal_and_anoth
     the expert under its own goal, and not under the swapped one, on the same states."""
     from llmrl.data.embeddings import EmbeddingTable
     from llmrl.envs.kalm_episodes import expert_episodes
-    from llmrl.eval.kalm import offline_goal_sensitivity
-
     goals = kl.goals("babyai", "train")
     tasks = sorted({g.task for g in goals})[:2]
     eps = [e for t in tasks for e in expert_episodes("babyai", [next(g for g in goals if g.task == t)], 1, seed=0,
@@ -722,6 +720,6 @@ def test_offline_goal_sensitivity_scores_the_policy_under_its_own_goal_and_anoth
     texts = [g.instruction for g in goals]
     table = EmbeddingTable(texts, np.stack([np.eye(7, dtype=np.float32)[action_of.get(g.task, 1)] for g in goals]))
     policy = SimpleNamespace(act_batch=lambda obs, emb: emb.argmax(-1))
-    out = offline_goal_sensitivity(policy, eps, "babyai", table)
+    out = kg.offline_goal_sensitivity(policy, eps, "babyai", table)
     assert out["own_goal"] == {"metric": "agreement", "value": 1.0, "steps": sum(len(e) for e in eps)}
     assert out["other_goal"]["value"] == 0.0 and out["majority_action"] == 0.5

@@ -32,7 +32,7 @@ from llmrl.llm.load import dtype_name, resolve_dtype
 __all__ = ["grounding_spec", "build_samples", "validation_params", "training_phrasing_episodes", "heldout_samples",
            "update_steps", "length_batches", "autocast_dtype", "evaluate_losses", "selection_loss", "select_checkpoint",
            "state_error", "action_agreement", "goal_swap", "majority_agreement",
-           "goal_sensitivity", "train_grounding"]
+           "goal_sensitivity", "offline_goal_sensitivity", "train_grounding"]
 
 PATTERNS = ("trajectory", "dynamics", "goal", "reverse")
 TERMS = ("obs_loss", "act_loss", "token_loss")
@@ -309,6 +309,26 @@ def goal_sensitivity(model: GroundedLM, episodes: Sequence[Episode], benchmark: 
     out = {"own_goal": action_agreement(model, own, [e.mission for e in own]),
            "other_goal": action_agreement(model, own, other)}
     if model.spec.discrete:
+        out["majority_action"] = majority_agreement(episodes)
+    return out
+
+
+def offline_goal_sensitivity(policy, episodes: Sequence[Episode], benchmark: str, table) -> dict:
+    """``goal_sensitivity`` for an offline policy (``OfflinePolicy``, gate 0's BC): its greedy actions on the real
+    states of held-out ``episodes`` against the expert's, under its own goal's instruction embedding and another
+    task's (``goal_swap``; ``table``: an ``EmbeddingTable``)."""
+    own, other = goal_swap(episodes, benchmark)
+    obs = np.concatenate([e.observations["obs"] for e in own]).astype(np.float32)
+    expert = np.concatenate([np.asarray(e.actions) for e in own])
+    discrete = kl.action_spec(benchmark).discrete
+    out: dict = {}
+    for key, instructions in (("own_goal", [e.mission for e in own]), ("other_goal", other)):
+        per_step = [i for e, i in zip(own, instructions, strict=True) for _ in range(len(e))]
+        pred = np.asarray(policy.act_batch(obs, table.lookup(per_step)))
+        value = (np.mean(pred.reshape(-1) == expert.reshape(-1)) if discrete else np.mean(np.abs(pred - expert)))
+        out[key] = {"metric": "agreement" if discrete else "mae", "value": round(float(value), 6),
+                    "steps": len(obs)}
+    if discrete:
         out["majority_action"] = majority_agreement(episodes)
     return out
 

@@ -37,7 +37,7 @@ from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
 from llmrl.eval.stats import compare_intervals, wilson_interval
 
-__all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "offline_goal_sensitivity", "random_act", "grounded_act",
+__all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
            "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality", "gate_goals", "closed_loop",
            "success_summary", "gate0", "pool_gate0"]
 
@@ -83,29 +83,6 @@ def offline_act(policy, embeddings: np.ndarray) -> BatchAct:
     def act(obs, goals, _episodes):
         return policy.act_batch(obs, embeddings[goals])
     return act
-
-
-def offline_goal_sensitivity(policy, episodes: Sequence[Episode], benchmark: str, table) -> dict:
-    """An ``OfflinePolicy``'s greedy actions on the real states of held-out ``episodes`` against the expert's, under
-    its own goal's instruction embedding and another task's (``kalm_grounding.goal_swap``): the grounded model's
-    ``goal_sensitivity`` for the offline policies (``table``: an ``EmbeddingTable``)."""
-    from llmrl.algos.kalm_grounding import goal_swap, majority_agreement
-
-    own, other = goal_swap(episodes, benchmark)
-    obs = np.concatenate([e.observations["obs"] for e in own]).astype(np.float32)
-    expert = np.concatenate([np.asarray(e.actions) for e in own])
-    discrete = kl.action_spec(benchmark).discrete
-    out: dict = {}
-    for key, instructions in (("own_goal", [e.mission for e in own]), ("other_goal", other)):
-        per_step = [i for e, i in zip(own, instructions, strict=True) for _ in range(len(e))]
-        pred = policy.act_batch(obs, table.lookup(per_step))
-        value = (np.mean(np.asarray(pred).reshape(-1) == expert.reshape(-1)) if discrete
-                 else np.mean(np.abs(np.asarray(pred) - expert)))
-        out[key] = {"metric": "agreement" if discrete else "mae", "value": round(float(value), 6),
-                    "steps": len(obs)}
-    if discrete:
-        out["majority_action"] = majority_agreement(episodes)
-    return out
 
 
 def random_act(benchmark: str, seed: int) -> BatchAct:
