@@ -28,8 +28,8 @@ BIN = Path(sys.executable).parent
 SSHD = "/usr/sbin/sshd"
 FIRST_PORT = 4200  # the Prefect servers' ports on A
 HEARTBEAT_S = 3  # worker heartbeats: Prefect calls a worker offline after three missed ones
-# Where no fault is staged: a loaded 2-core host starved 3 s heartbeats for 9-12 s, so live workers were taken
-# for lost and their stages submitted twice; offline after 30 s instead.
+# Host B of the toy DAG and the pipeline slice, where no fault is staged: on a loaded 2-core host 3 s heartbeats
+# starved for 9-12 s, live workers were taken for lost and their stages submitted twice; offline after 30 s instead.
 STEADY_HEARTBEAT_S = 10
 # A Prefect server keeps its state in SQLite, which takes one writer at a time: with all scenarios on one server, two
 # busy cores and a dozen workers, coordinators and flow runs, heartbeats failed on "database is locked" for 20 s and

@@ -419,8 +419,7 @@ def _a_host_joins_mid_run_and_takes_over_from_a_killed_one(lab: Lab, serial: dic
                            workspace, "gate-coordinator")
     try:
         on_b = _wait("a stage started on B", lambda: [s for s, w in _starts(log).items() if w == b.name], 120)[0]
-        lab.start_worker(server, c, "gate", limit=1, GATE=str(gate), GATE_LOG=str(log),  # C joins mid-run
-                         PREFECT_WORKER_HEARTBEAT_SECONDS=str(STEADY_HEARTBEAT_S))
+        lab.start_worker(server, c, "gate", limit=1, GATE=str(gate), GATE_LOG=str(log))  # C joins mid-run
         on_c = _wait("a stage started on C", lambda: [s for s, w in _starts(log).items() if w == c.name], 120)[0]
         killed, killed_at = time.monotonic(), datetime.datetime.now(datetime.timezone.utc)
         lab.kill_host(b)
@@ -558,9 +557,8 @@ def _gpu_slots_count_the_gpus_declared_across_hosts(lab: Lab, serial: dict) -> d
     server = lab.server("gpus")
     deployment = lab.deploy(server, "gpus")
     b, c = lab.hosts["b-2gpus"], lab.hosts["c-1gpu"]
-    steady = dict(PREFECT_WORKER_HEARTBEAT_SECONDS=str(STEADY_HEARTBEAT_S))  # no fault staged here
-    lab.start_worker(server, b, "gpus", limit=0, gpus=2, GPU_LOG=str(log), **steady)  # GPU stages only
-    lab.start_worker(server, c, "gpus", limit=0, gpus=1, GPU_LOG=str(log), **steady)
+    lab.start_worker(server, b, "gpus", limit=0, gpus=2, GPU_LOG=str(log))  # GPU stages only
+    lab.start_worker(server, c, "gpus", limit=0, gpus=1, GPU_LOG=str(log))
     _online(server, "gpus", {f"{b.name}-gpu", f"{c.name}-gpu"})
 
     def limit():
