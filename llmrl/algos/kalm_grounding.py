@@ -126,13 +126,19 @@ def validation_params(p: KalmGroundParams) -> KalmGroundParams:
         "goal_samples": p.goal_samples, "reverse_samples": p.reverse_samples}.items()})
 
 
+def _training_phrasings(benchmark: str) -> dict[str, list[str]]:
+    """Each training task's training phrasings, in the split's order."""
+    phrasings: dict[str, list[str]] = {}
+    for g in kl.goals(benchmark, "train"):
+        phrasings.setdefault(g.task, []).append(g.instruction)
+    return phrasings
+
+
 def training_phrasing_episodes(episodes: Sequence[Episode], benchmark: str) -> list[Episode]:
     """The held-out episodes with their instruction replaced by a training phrasing of the same task (the k-th
     episode of a task takes its k-th training phrasing, cycling). The expert's states and actions do not depend on
     the phrasing, so these are the training goals played from validation starts: what selection must score."""
-    phrasings: dict[str, list[str]] = {}
-    for g in kl.goals(benchmark, "train"):
-        phrasings.setdefault(g.task, []).append(g.instruction)
+    phrasings = _training_phrasings(benchmark)
     seen: dict[str, int] = {}
     out = []
     for ep in episodes:
@@ -282,9 +288,7 @@ def goal_swap(episodes: Sequence[Episode], benchmark: str) -> tuple[list[Episode
     and for each the same-index training phrasing of another task (the next training task in sorted order): the two
     goals ``goal_sensitivity`` compares."""
     own = training_phrasing_episodes(episodes, benchmark)
-    phrasings: dict[str, list[str]] = {}
-    for g in kl.goals(benchmark, "train"):
-        phrasings.setdefault(g.task, []).append(g.instruction)
+    phrasings = _training_phrasings(benchmark)
     tasks = sorted(phrasings)
     other = []
     for ep in own:
