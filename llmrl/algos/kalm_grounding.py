@@ -29,7 +29,8 @@ from llmrl.llm.grounded import (GroundedLM, GroundingSpec, TokenSequence, collat
                                 trajectory_prompt)
 from llmrl.llm.load import dtype_name, resolve_dtype
 
-__all__ = ["grounding_spec", "build_samples", "validation_params", "training_phrasing_episodes", "heldout_samples",
+__all__ = ["FIELD_COPY_LOGIT", "grounding_spec", "build_samples", "validation_params", "training_phrasing_episodes",
+           "heldout_samples",
            "update_steps", "length_batches", "autocast_dtype", "evaluate_losses", "selection_loss", "select_checkpoint",
            "state_error", "action_agreement", "goal_swap", "majority_agreement",
            "goal_sensitivity", "offline_goal_sensitivity", "train_grounding"]
