@@ -227,9 +227,9 @@ def props_heldout() -> Outputs:
     return Outputs("props_heldout", metrics=PROPS.metrics / "heldout.json", report=PROPS.plots / "heldout.json")
 
 
-def props_transfer(task: str) -> Outputs:
-    return Outputs(f"props_transfer@{task}", runs=PROPS.data / "transfer" / task,
-                   replies=PROPS.data / "replies" / f"transfer-{task}")
+def props_transfer(task: str, seed: int) -> Outputs:
+    return Outputs(f"props_transfer@{task}-{seed}", runs=PROPS.data / "transfer" / task / str(seed),
+                   replies=PROPS.data / "replies" / f"transfer-{task}-{seed}")
 
 
 def props_quadratic() -> Outputs:

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
             runs = read_json(paths.props_search(key).runs / "runs.json")["runs"]
             runs += read_json(paths.props_baselines().runs / f"{key}.json")["runs"]
             if key in tr.tasks:
-                tuned = read_json(paths.props_transfer(key).runs / "runs.json")["runs"]
+                tuned = [r for seed in search.seeds
+                         for r in read_json(paths.props_transfer(key, seed).runs / "runs.json")["runs"]]
                 runs += tuned
                 pair = ([r for r in tuned if r["method"] == f"{tr.method}_tuned"],
                         [r for r in tuned if r["method"] == f"{tr.method}_untuned"])

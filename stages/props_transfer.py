@@ -8,12 +8,14 @@ one search seed per call). A search's replies depend on which prompts share its 
 props_search (its seeds batched) are no control for a search run alone: at the default, with the adapter at its
 step-0 weights (the base model's), the two differed by 35 in mean return on MountainCarContinuous.
 
-``python -m stages.props_transfer <task>``: search seed i is run by the adapter of training seed
-``props.grpo.seeds[i mod n]`` (``models/props/grpo/<seed>``), on the model it was trained on (``props.grpo.model``,
-in-process: an adapter applies to a local model; props.llm's sampling, caps and fault policy). Reads props.space, props.llm, props.search (budget,
-seeds, caps, hint, held-out seeds), props.grpo.seeds and props.transfer. Writes data/props/transfer/<task>/runs.json
-(per seed: rows, best point, LLM counters, held-out returns, the adapter) and caches replies by content under
-data/props/replies/transfer-<task>.
+``python -m stages.props_transfer <task> <seed>``: one search seed (of props.search.seeds) per call, so that no
+stage runs a task's six searches in a row. Search seed ``props.search.seeds[i]`` is run by the adapter of training
+seed ``props.grpo.seeds[i mod n]`` (``models/props/grpo/<seed>``), on the model it was trained on
+(``props.grpo.model``, in-process: an adapter applies to a local model; props.llm's sampling, caps and fault
+policy). Reads props.space, props.llm, props.search (budget, seeds, caps, hint, held-out seeds), props.grpo.seeds
+and props.transfer. Writes data/props/transfer/<task>/<seed>/runs.json (the tuned and untuned run: rows, best
+point, LLM counters, held-out returns, the adapter) and caches replies by content under
+data/props/replies/transfer-<task>-<seed>.
 """
 
 import time
@@ -32,7 +34,8 @@ from stages.paths import ROOT
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("props_transfer", argv, task="control task key (props.transfer.tasks)")
+    args = stage_arguments("props_transfer", argv, task="control task key (props.transfer.tasks)",
+                           seed="search seed (props.search.seeds)")
     search = stage_params("props.search", PropsSearchParams)
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
@@ -40,35 +43,38 @@ def main(argv: list[str] | None = None) -> None:
     g = stage_params("props.grpo", PropsGRPOParams)
     if args.task not in tr.tasks:
         raise SystemExit(f"props_transfer: task {args.task!r} is not among props.transfer.tasks {tr.tasks}")
-    out = paths.props_transfer(args.task)
+    if args.seed not in [str(s) for s in search.seeds]:
+        raise SystemExit(f"props_transfer: seed {args.seed!r} is not among props.search.seeds {search.seeds}")
+    i = [str(s) for s in search.seeds].index(args.seed)
+    seed = search.seeds[i]
+    out = paths.props_transfer(args.task, seed)
     torch.set_num_threads(llm_p.threads)
     task = search_task(search, args.task)
     guard = FaultGuard(llm_p.faults, "props.llm.faults")
     local = llm_p.model_copy(update={"backend": "local", "spec": g.model})
     runs = []
     start = time.perf_counter()
-    for i, seed in enumerate(search.seeds):
-        train_seed = g.seeds[i % len(g.seeds)]
-        adapter = paths.props_grpo(train_seed).adapter
-        if not (adapter / "adapter_config.json").is_file():
-            raise SystemExit(f"props_transfer: no adapter at {adapter} (run props_grpo)")
-        for kind, name in (("untuned", None), ("tuned", adapter.relative_to(ROOT).as_posix())):
-            seed_everything(0)
-            method = f"{tr.method}_{kind}"
-            opt = build_optimizer_llm(local, adapter=name, cache_dir=out.replies, guard=guard)
-            states, rows = [], []
-            for row in props_search(task, [tr.method], [seed], opt, search, space, local, states_out=states):
-                rows.append({**row, "method": method})
-            st = states[0]
-            with HeldOutEvaluation(task, search) as held_out:
-                runs.append({"task": task.key, "method": method, "seed": seed, "adapter": name, "rows": rows,
-                             "best_return": st.best_return, "final_params": [float(x) for x in st.best_params],
-                             "final_eval": held_out(st.best_params), **st.counters()})
-            log.info("transfer %s %s seed %d (adapter %s): best %.2f, parse failures %d / %d calls", task.key, kind,
-                     seed, name, st.best_return, st.parse_failures, st.llm_calls)
-            del opt
-    write_json(out.runs / "runs.json", {"task": task.key, "method": tr.method, "seconds": time.perf_counter() - start,
-                                        "runs": runs})
+    train_seed = g.seeds[i % len(g.seeds)]
+    adapter = paths.props_grpo(train_seed).adapter
+    if not (adapter / "adapter_config.json").is_file():
+        raise SystemExit(f"props_transfer: no adapter at {adapter} (run props_grpo)")
+    for kind, name in (("untuned", None), ("tuned", adapter.relative_to(ROOT).as_posix())):
+        seed_everything(0)
+        method = f"{tr.method}_{kind}"
+        opt = build_optimizer_llm(local, adapter=name, cache_dir=out.replies, guard=guard)
+        states, rows = [], []
+        for row in props_search(task, [tr.method], [seed], opt, search, space, local, states_out=states):
+            rows.append({**row, "method": method})
+        st = states[0]
+        with HeldOutEvaluation(task, search) as held_out:
+            runs.append({"task": task.key, "method": method, "seed": seed, "adapter": name, "rows": rows,
+                         "best_return": st.best_return, "final_params": [float(x) for x in st.best_params],
+                         "final_eval": held_out(st.best_params), **st.counters()})
+        log.info("transfer %s %s seed %d (adapter %s): best %.2f, parse failures %d / %d calls", task.key, kind,
+                 seed, name, st.best_return, st.parse_failures, st.llm_calls)
+        del opt
+    write_json(out.runs / "runs.json", {"task": task.key, "method": tr.method, "seed": seed,
+                                        "seconds": time.perf_counter() - start, "runs": runs})
 
 
 if __name__ == "__main__":
