@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from llmrl.config import ParamsError
-from llmrl.config.profiles import SECTIONS, validate_params
+from llmrl.config.profiles import GENERATED_KEY, SECTIONS, validate_params
 from pipelines import tiers
 
 from .conftest import ROOT
@@ -19,7 +19,8 @@ from .conftest import ROOT
 @pytest.mark.parametrize("method", tiers.METHODS)
 def test_every_profile_composes_and_validates(method, tier):
     params = tiers.compose([f"{method}={tier}"])
-    assert set(params) == set(SECTIONS)
+    assert list(params)[0] == GENERATED_KEY and "conf/" in params[GENERATED_KEY]  # the reader's first line
+    assert set(params) == set(SECTIONS) | {GENERATED_KEY}
     sections = validate_params(params)
     assert sections[method].tier == tier
     for other in tiers.METHODS:

@@ -18,7 +18,7 @@ from llmrl.config.llm_rl import MathDataParams, MathEvalParams, ReinforceTrainPa
 from llmrl.config.props import PropsParams
 from llmrl.config.report import ReportParams
 
-__all__ = ["KalmParams", "LLMRLParams", "SECTIONS", "validate_params", "compose"]
+__all__ = ["GENERATED_KEY", "KalmParams", "LLMRLParams", "SECTIONS", "validate_params", "compose"]
 
 
 class KalmParams(Section):
@@ -50,12 +50,15 @@ SECTIONS: dict[str, type[Section]] = {
     "llm_rl": LLMRLParams, "glam": GlamParams, "llm4teach": LLM4TeachParams, "kalm": KalmParams,
     "props": PropsParams, "report": ReportParams,
 }
+#: A parameter set's note to its reader (conf/config.yaml), not a section: params.yaml is composed by DVC at
+#: ``dvc exp run``, which drops YAML comments, so the note saying the file is generated is a key.
+GENERATED_KEY = "_generated"
 
 
 def validate_params(params: dict[str, Any]) -> dict[str, Section]:
     """Every section validated; ``ParamsError`` names every missing, unknown or invalid section and key."""
     errors, out = [], {}
-    for name in sorted(set(SECTIONS) | set(params)):
+    for name in sorted(set(SECTIONS) | set(params) - {GENERATED_KEY}):
         if name not in SECTIONS:
             errors.append(f"{name}: unknown section")
             continue
