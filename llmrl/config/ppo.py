@@ -1,6 +1,8 @@
 """The project's CleanRL-style PPO (``llmrl.algos.distilled_ppo``: LLM4Teach's students, MAPPO, GLAM's Symbolic-PPO) and
-LLM4Teach's distillation schedule: the only definition of their settings and defaults (the original LLM4Teach
-values where it has them). The algorithms take these models themselves."""
+LLM4Teach's distillation schedule: the only definition of their settings and defaults. The classes' defaults are the
+original LLM4Teach values where it has them; each section's own values are the default of the field holding it
+(``GlamSymbolic.ppo``, ``LLM4TeachTrainParams.ppo`` and ``.distill``, ``LLM4TeachMPEParams.ppo`` and ``.distill``),
+the default tier. The algorithms take these models themselves."""
 
 from __future__ import annotations
 
