@@ -27,7 +27,7 @@ from llmrl.agents.teacher import (
 )
 from llmrl.algos.mappo import make_mappo_agent
 from llmrl.algos.mappo import train as train_mappo
-from llmrl.algos.distilled_ppo import make_vector_env, ppo_loss, train
+from llmrl.algos.distilled_ppo import distill_coef, make_vector_env, ppo_loss, train
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS
@@ -48,15 +48,15 @@ SIMPLE = ENV_IDS["simpledoorkey"]
 
 def test_distill_schedule_values():
     s = DistillParams()  # original: 10, -0.005 per iteration, floor 0.1, off from iteration 3000
-    assert s.coef(0) == 10.0
-    assert s.coef(100) == pytest.approx(9.5)
-    assert s.coef(1000) == pytest.approx(5.0)
-    assert s.coef(1980) == pytest.approx(0.1)
-    assert s.coef(2500) == pytest.approx(0.1)
-    assert s.coef(2999) == pytest.approx(0.1)
-    assert s.coef(3000) == 0.0
+    assert distill_coef(s, 0) == 10.0
+    assert distill_coef(s, 100) == pytest.approx(9.5)
+    assert distill_coef(s, 1000) == pytest.approx(5.0)
+    assert distill_coef(s, 1980) == pytest.approx(0.1)
+    assert distill_coef(s, 2500) == pytest.approx(0.1)
+    assert distill_coef(s, 2999) == pytest.approx(0.1)
+    assert distill_coef(s, 3000) == 0.0
     pure = DistillParams(initial=0.0)
-    assert all(pure.coef(k) == 0.0 for k in (0, 10, 2000, 5000))
+    assert all(distill_coef(pure, k) == 0.0 for k in (0, 10, 2000, 5000))
 
 
 def _minibatch(obs, teacher=None):

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.agents.student import MLPStudent
-from llmrl.algos.distilled_ppo import Teacher, act_into, rollout_buffers, update_from_rollout
+from llmrl.algos.distilled_ppo import Teacher, act_into, distill_coef, rollout_buffers, update_from_rollout
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 
@@ -66,7 +66,7 @@ def train(agent: nn.Module, envs: SpreadBatch, cfg: PPOParams, *, seed: int,
     frames, start = 0, time.perf_counter()
 
     for it in tqdm(range(iterations), desc="mappo", disable=not progress, leave=False):
-        coef = distill.coef(it) if teacher is not None else 0.0
+        coef = distill_coef(distill, it) if teacher is not None else 0.0
         finished: list[float] = []
         for t in range(T):
             buf["obs"][t] = mappo_inputs(obs, envs.clock()).reshape(S, in_dim)
