@@ -425,7 +425,8 @@ def test_spread_clock_counts_each_episode_and_restarts():
 def test_plain_mappo_beats_random_on_spread():
     """At the CPU default's budget (60,000 frames, 6 s) the critic's episode clock is what lets MAPPO learn:
     measured here, greedy return -23.4 against random's -27.3; the same run without the clock: -40.4."""
-    from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
+    from llmrl.algos.mappo import greedy_joint_policy
+    from llmrl.eval.llm4teach import evaluate_spread
 
     torch.manual_seed(0)
     envs = SpreadBatch(8)

@@ -26,7 +26,7 @@ from llmrl.algos.distilled_ppo import Teacher, act_into, distill_coef, rollout_b
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 
-__all__ = ["make_mappo_agent", "train", "greedy_joint_policy", "evaluate_spread"]
+__all__ = ["make_mappo_agent", "train", "greedy_joint_policy"]
 
 
 def mappo_inputs(obs: np.ndarray, clock: np.ndarray) -> np.ndarray:
@@ -99,15 +99,3 @@ def greedy_joint_policy(agent: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
             return agent(torch.as_tensor(mappo_inputs(obs[None], no_clock)[0]))[0].argmax(-1).numpy()
 
     return act
-
-
-def evaluate_spread(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int, *, n_agents: int = 3,
-                    max_cycles: int = 25, local_ratio: float = 0.5) -> list[float]:
-    """Episode returns (sum over steps of the agents' mean reward) of a joint policy ``obs [A, D] -> actions [A]``."""
-    envs = SpreadBatch(1, n_agents, max_cycles, local_ratio)
-    obs = envs.reset(seed=seed)
-    returns: list[float] = []
-    while len(returns) < episodes:
-        obs, _, _, ended = envs.step(np.asarray(act(obs[0]))[None])
-        returns += ended
-    return returns
