@@ -85,7 +85,8 @@ def evaluation_rate(task: str, vectors: int = 32, episodes: int = 10, timings: i
 
 def main() -> None:
     spec = os.environ.get("LLMRL_BENCH_MODEL", "models/base_llm")
-    llm_p = PropsLLMParams(spec=spec, answer_prefix="params[0]:", batch_size=K)
+    llm_p = PropsLLMParams(spec=spec, answer_prefix="params[0]:", batch_size=K,
+                           temperature=0.0)  # greedy, so both sides produce the same searches
     search = PropsSearchParams(tasks=["pendulum"], iterations=ITERATIONS, episodes_per_eval=10, max_reasks=0,
                                prompt_token_budget=768)
     space = PropsSpaceParams()

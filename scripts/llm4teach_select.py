@@ -39,14 +39,14 @@ import torch  # noqa: E402
 
 from llmrl.agents.student import StudentPolicy  # noqa: E402
 from llmrl.agents.teacher import ENV_KIND, OraclePlanner, TeacherPolicy  # noqa: E402
-from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy  # noqa: E402
+from llmrl.algos.mappo import greedy_joint_policy  # noqa: E402
 from llmrl.algos.llm4teach_runs import train_grid_student, train_spread_student  # noqa: E402
 from llmrl.config import load_section, read_params  # noqa: E402
 from llmrl.config.llm4teach import LLM4TeachParams  # noqa: E402
 from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS  # noqa: E402
 from llmrl.eval.batched import evaluate_batched  # noqa: E402
-from llmrl.eval.llm4teach import select_setting  # noqa: E402
+from llmrl.eval.llm4teach import evaluate_spread, select_setting  # noqa: E402
 from llmrl.fingerprint import fingerprint_line  # noqa: E402
 from llmrl.files import write_json  # noqa: E402
 

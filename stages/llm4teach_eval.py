@@ -16,7 +16,7 @@ import torch
 
 from llmrl.agents.baselines import RandomPolicy
 from llmrl.agents.student import StudentPolicy, load_student
-from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
+from llmrl.algos.mappo import greedy_joint_policy
 from llmrl.config.llm4teach import SCORE_CONTROLS, LLM4TeachParams
 from llmrl.envs.make import make_env
 from llmrl.envs.mpe import N_ACTIONS as MPE_ACTIONS
@@ -24,7 +24,7 @@ from llmrl.eval.harness import evaluate
 from llmrl.eval.seeds import aggregate_seeds
 from llmrl.eval.batched import evaluate_batched
 from llmrl.eval.headline import headline_of_results, metrics_entry
-from llmrl.eval.llm4teach import beats_random, result_check, return_headline, scores_help
+from llmrl.eval.llm4teach import beats_random, evaluate_spread, result_check, return_headline, scores_help
 from llmrl.files import atomic_path, read_json, write_json
 from llmrl.fingerprint import fingerprint_line
 from stages import paths

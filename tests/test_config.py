@@ -29,8 +29,13 @@ def test_bad_params_name_the_key(override, message):
 
 
 def test_missing_key_and_section():
-    with pytest.raises(ParamsError, match="demos.seed: required key missing"):
-        load_section({"demos": {"envs": ["x"], "episodes": 1}}, "demos", DemosParams)
+    # a key left out takes the model's default (the default tier); a key without one is required
+    assert load_section({"demos": {"envs": ["x"], "episodes": 1}}, "demos", DemosParams).seed == DemosParams().seed
+    from llmrl.config.kalm import OfflineAlgo
+
+    with pytest.raises(ParamsError, match="kalm.offline.algos.x.steps: required key missing"):
+        load_section({"kalm": {"offline": {"algos": {"x": {"benchmark": "babyai", "algo": "DiscreteBC"}}}}},
+                     "kalm.offline.algos.x", OfflineAlgo)
     with pytest.raises(ParamsError, match="eval_baselines: section missing"):
         load_section({}, "eval_baselines", EvalBaselinesParams)
 

@@ -1,6 +1,6 @@
 import torch
 
-from llmrl.algos.gae import gae
+from llmrl.algos.distilled_ppo import gae
 
 
 def test_gae_lambda_one_is_monte_carlo_and_dones_cut_bootstrap():

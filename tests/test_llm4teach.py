@@ -27,7 +27,7 @@ from llmrl.agents.teacher import (
 )
 from llmrl.algos.mappo import make_mappo_agent
 from llmrl.algos.mappo import train as train_mappo
-from llmrl.algos.distilled_ppo import make_vector_env, ppo_loss, train
+from llmrl.algos.distilled_ppo import distill_coef, make_vector_env, ppo_loss, train
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.make import make_env
 from llmrl.envs.doorkey import ENV_IDS
@@ -48,15 +48,15 @@ SIMPLE = ENV_IDS["simpledoorkey"]
 
 def test_distill_schedule_values():
     s = DistillParams()  # original: 10, -0.005 per iteration, floor 0.1, off from iteration 3000
-    assert s.coef(0) == 10.0
-    assert s.coef(100) == pytest.approx(9.5)
-    assert s.coef(1000) == pytest.approx(5.0)
-    assert s.coef(1980) == pytest.approx(0.1)
-    assert s.coef(2500) == pytest.approx(0.1)
-    assert s.coef(2999) == pytest.approx(0.1)
-    assert s.coef(3000) == 0.0
+    assert distill_coef(s, 0) == 10.0
+    assert distill_coef(s, 100) == pytest.approx(9.5)
+    assert distill_coef(s, 1000) == pytest.approx(5.0)
+    assert distill_coef(s, 1980) == pytest.approx(0.1)
+    assert distill_coef(s, 2500) == pytest.approx(0.1)
+    assert distill_coef(s, 2999) == pytest.approx(0.1)
+    assert distill_coef(s, 3000) == 0.0
     pure = DistillParams(initial=0.0)
-    assert all(pure.coef(k) == 0.0 for k in (0, 10, 2000, 5000))
+    assert all(distill_coef(pure, k) == 0.0 for k in (0, 10, 2000, 5000))
 
 
 def _minibatch(obs, teacher=None):
@@ -425,7 +425,8 @@ def test_spread_clock_counts_each_episode_and_restarts():
 def test_plain_mappo_beats_random_on_spread():
     """At the CPU default's budget (60,000 frames, 6 s) the critic's episode clock is what lets MAPPO learn:
     measured here, greedy return -23.4 against random's -27.3; the same run without the clock: -40.4."""
-    from llmrl.algos.mappo import evaluate_spread, greedy_joint_policy
+    from llmrl.algos.mappo import greedy_joint_policy
+    from llmrl.eval.llm4teach import evaluate_spread
 
     torch.manual_seed(0)
     envs = SpreadBatch(8)

@@ -176,7 +176,7 @@ def test_token_trimming_keeps_newest_entries_under_budget(tiny_llm):
 
 def _params(**kw):
     base = dict(tasks=["pendulum"], iterations=2, episodes_per_eval=2, max_episode_steps={"pendulum": 50},
-                prompt_token_budget=900)
+                prompt_token_budget=900, max_reasks=3)
     base.update(kw)
     return PropsSearchParams(**base)
 
@@ -254,7 +254,8 @@ def test_reask_path_with_scripted_endpoint(tiny_llm):
         return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
 
-    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny", faults={"max_retries": 0})
+    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny", faults={"max_retries": 0},
+                        answer_prefix="")  # the model writes the whole reply: the re-asks carry it verbatim
     states = []
     with _Server(app) as url:
         rows = list(props_search("mountaincar_continuous", ["props"], [0], _openai_optimizer(url, tiny_llm.tokenizer),

@@ -1,16 +1,25 @@
-"""PPO with an annealed teacher (LLM4Teach's kickstarting term), CleanRL-style: the whole update in this file.
+"""PPO with an annealed teacher (LLM4Teach's kickstarting term), CleanRL-style: the whole update in this file, top to
+bottom: the teacher's weight λ_k, GAE, the clipped losses, the minibatch loss, the epochs of minibatch steps, the
+rollout and the training loop.
 
     L = L_clip + c_V · L_V^clipped − c_H · H(π_θ) + λ_k · H(π_T, π_θ),    H(π_T, π_θ) = −Σ_a π_T(a|s) log π_θ(a|s)
 
-λ_k follows ``llmrl.config.ppo.DistillParams`` (original: 10, −0.005 per iteration, floor 0.1, switched off after 3000
-iterations); λ₀ = 0 or no teacher is plain PPO. Advantages are GAE(λ) (``llmrl.algos.gae``) or Monte-Carlo
-returns minus the value (``advantage="mc"``, the original's estimator, = GAE with λ = 1). Episodes cut by a
-time limit are bootstrapped with the value of their final observation.
+    ratio  = exp(log π_θ(a|s) − log π_old(a|s))
+    L_clip = −mean(min(ratio · A, clip(ratio, 1 − ε, 1 + ε) · A))
+    L_V    = mean(max((V − R)², (V_old + clip(V − V_old, −ε, ε) − R)²))   (or mean((V − R)²) unclipped)
+    λ_k    = min(λ₀, max(λ_min, λ₀ − δ·k)) for iterations k < until_iteration, then 0
 
-Settings: ``llmrl.config.ppo.PPOParams``, the params sections' own model. Generic on purpose (the GLAM
-symbolic-PPO baseline and MAPPO reuse it): any ``nn.Module`` mapping an observation
-tensor batch to ``(logits [B, A], value [B])``, any gymnasium vector env with a Box or Discrete-friendly
-observation array, and an optional ``teacher`` callable ``obs_batch (numpy) -> π_T [N, A]``.
+λ's schedule is ``distill_coef`` (original: 10, −0.005 per iteration, floor 0.1, switched off after 3000
+iterations); λ₀ = 0 or no teacher is plain PPO. Advantages are GAE(λ) (``gae``) or Monte-Carlo returns minus the
+value (``advantage="mc"``, the original's estimator, = GAE with λ = 1). Episodes cut by a time limit are
+bootstrapped with the value of their final observation.
+
+Settings: ``llmrl.config.ppo.PPOParams`` and ``DistillParams`` (values only). Generic on purpose: LLM4Teach's
+students, MAPPO (``llmrl.algos.mappo``: agents stacked into the batch) and GLAM's Symbolic-PPO baseline train with
+``train`` / ``update_from_rollout``; GLAM's PPO over an LLM's action scores (``llmrl.algos.ppo_llm``) takes ``gae``
+and ``clipped_ppo_losses``. Any ``nn.Module`` mapping an observation tensor batch to ``(logits [B, A], value [B])``,
+any gymnasium vector env with a Box or Discrete-friendly observation array, and an optional ``teacher`` callable
+``obs_batch (numpy) -> π_T [N, A]``.
 """
 
 from __future__ import annotations
@@ -25,14 +34,62 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from llmrl.algos.gae import gae
-from llmrl.algos.ppo_loss import clipped_ppo_losses
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.make import episode_successes
 
-__all__ = ["Teacher", "ppo_loss", "rollout_buffers", "act_into", "update_from_rollout", "train", "make_vector_env"]
+__all__ = ["Teacher", "distill_coef", "gae", "clipped_ppo_losses", "ppo_loss", "rollout_buffers", "act_into",
+           "update_from_rollout", "train", "make_vector_env"]
 
 Teacher = Callable[[np.ndarray], np.ndarray]
+
+
+def distill_coef(schedule: DistillParams, iteration: int) -> float:
+    """λ_k, the teacher cross-entropy's weight at ``iteration`` (from 0)."""
+    if iteration >= schedule.until_iteration:
+        return 0.0
+    return min(schedule.initial, max(schedule.minimum, schedule.initial - schedule.decrement * iteration))
+
+
+def gae(rewards, values, dones, last_value, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns (float32 tensors) for a [T, N] rollout of N environments.
+
+    Inputs are tensors or NumPy arrays. ``dones[t]`` is 1 where the episode ended at step t (the value
+    after it is not bootstrapped); ``last_value`` [N] is V(s_T) for the state after the last step. ``lam=1``
+    gives Monte-Carlo returns minus the value baseline; ``lam=0`` gives one-step TD errors.
+    The backward recursion runs in NumPy: T steps of five element-wise ops cost ~1 µs each there, ~5 µs in torch.
+    """
+    rewards, values, dones, last_value = map(_float32_array, (rewards, values, dones, last_value))
+    not_done = 1.0 - dones
+    adv = np.zeros_like(rewards)
+    next_adv = np.zeros_like(last_value)
+    next_value = last_value
+    for t in reversed(range(rewards.shape[0])):
+        delta = rewards[t] + gamma * next_value * not_done[t] - values[t]
+        next_adv = delta + gamma * lam * not_done[t] * next_adv
+        adv[t] = next_adv
+        next_value = values[t]
+    adv_t = torch.from_numpy(adv)
+    return adv_t, adv_t + torch.from_numpy(values)
+
+
+def _float32_array(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float32)
+
+
+def clipped_ppo_losses(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor,
+                       old_values: torch.Tensor, returns: torch.Tensor, clip: float, clip_value: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ratio, clipped policy loss, value loss) of one minibatch; ``clip`` is ε for both the ratio and the value."""
+    ratio = (logp - old_logp).exp()
+    policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
+    if clip_value:
+        v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+        value_loss = torch.max((values - returns).pow(2), (v_clipped - returns).pow(2)).mean()
+    else:
+        value_loss = (values - returns).pow(2).mean()
+    return ratio, policy_loss, value_loss
 
 
 def ppo_loss(agent: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOParams, distill_coef: float
@@ -144,7 +201,7 @@ def train(agent: nn.Module, envs: gym.vector.VectorEnv, cfg: PPOParams, *, seed:
     frames, start = 0, time.perf_counter()
 
     for it in tqdm(range(cfg.iterations), desc="ppo", disable=not progress, leave=False):
-        coef = distill.coef(it) if teacher is not None else 0.0
+        coef = distill_coef(distill, it) if teacher is not None else 0.0
         finished: list[tuple[float, int, bool]] = []
         # ---- rollout
         for t in range(T):

@@ -22,11 +22,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from llmrl.agents.student import MLPStudent
-from llmrl.algos.distilled_ppo import Teacher, act_into, rollout_buffers, update_from_rollout
+from llmrl.algos.distilled_ppo import Teacher, act_into, distill_coef, rollout_buffers, update_from_rollout
 from llmrl.config.ppo import DistillParams, PPOParams
 from llmrl.envs.mpe import SpreadBatch
 
-__all__ = ["make_mappo_agent", "train", "greedy_joint_policy", "evaluate_spread"]
+__all__ = ["make_mappo_agent", "train", "greedy_joint_policy"]
 
 
 def mappo_inputs(obs: np.ndarray, clock: np.ndarray) -> np.ndarray:
@@ -66,7 +66,7 @@ def train(agent: nn.Module, envs: SpreadBatch, cfg: PPOParams, *, seed: int,
     frames, start = 0, time.perf_counter()
 
     for it in tqdm(range(iterations), desc="mappo", disable=not progress, leave=False):
-        coef = distill.coef(it) if teacher is not None else 0.0
+        coef = distill_coef(distill, it) if teacher is not None else 0.0
         finished: list[float] = []
         for t in range(T):
             buf["obs"][t] = mappo_inputs(obs, envs.clock()).reshape(S, in_dim)
@@ -99,15 +99,3 @@ def greedy_joint_policy(agent: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
             return agent(torch.as_tensor(mappo_inputs(obs[None], no_clock)[0]))[0].argmax(-1).numpy()
 
     return act
-
-
-def evaluate_spread(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int, *, n_agents: int = 3,
-                    max_cycles: int = 25, local_ratio: float = 0.5) -> list[float]:
-    """Episode returns (sum over steps of the agents' mean reward) of a joint policy ``obs [A, D] -> actions [A]``."""
-    envs = SpreadBatch(1, n_agents, max_cycles, local_ratio)
-    obs = envs.reset(seed=seed)
-    returns: list[float] = []
-    while len(returns) < episodes:
-        obs, _, _, ended = envs.step(np.asarray(act(obs[0]))[None])
-        returns += ended
-    return returns

@@ -26,8 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrl.agents.llm_policy import History, LLMActorCritic, candidates_for, infer, render
-from llmrl.algos.gae import gae
-from llmrl.algos.ppo_loss import clipped_ppo_losses
+from llmrl.algos.distilled_ppo import clipped_ppo_losses, gae
 from llmrl.checkpoint import RunIdentity, load_resumable, run_identity, save_checkpoint
 from llmrl.config.glam import GlamPPO
 from llmrl.envs.make import episode_success

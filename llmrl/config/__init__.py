@@ -6,6 +6,11 @@ Foundation sections live here; each method keeps its sections in a module of its
 Stage scripts call ``load_section(params, "demos", DemosParams)``; an unknown key, a wrong type or an
 out-of-range value raises ``ParamsError`` naming the key path (``demos.episodes: must be > 0, got -3``)
 before the stage writes anything.
+
+Every model's defaults are the default tier (``conf/<method>/default.yaml`` and ``conf/shared.yaml`` are generated
+from them: docs/tiers.md). CPU defaults aim at the whole pipeline within 45 minutes on 2 cores (measured cold,
+``make repro``: 24 min on an AVX-512 EPYC, 51.5 min on an AVX2-only one; two one-thread stages at a time; README);
+``threads`` is a stage's torch CPU threads (dvc.yaml's ``meta.cpus`` follows them).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["ComputeDType", "DTYPE_HELP", "TierName", "TIER_HELP", "ParamsError", "Section", "read_params", "load_section", "BaseLLMParams",
+__all__ = ["ComputeDType", "DTYPE_HELP", "TierName", "TIER_HELP", "UNLISTED", "ParamsError", "Section", "read_params", "load_section", "BaseLLMParams",
            "DemosParams", "EvalBaselinesParams"]
 
 T = TypeVar("T", bound=BaseModel)
@@ -33,6 +38,12 @@ DTYPE_HELP = ("LLM compute dtype: auto = bf16 where the device computes it nativ
 TierName = Literal["default", "study", "paper"]
 TIER_HELP = ("the profile this section comes from: default (params.yaml), study or paper (conf/<method>/<tier>.yaml, "
              "selected with `dvc exp run -S <method>=<tier>`)")
+
+
+# A field's marker (``Field(..., json_schema_extra=UNLISTED)``): the default tier leaves the key out of
+# conf/<method>/default.yaml and params.yaml, so its stages run with the model's default without naming it (a
+# key named in params.yaml is part of its stages' DVC params: naming one re-runs them); a profile may still set it.
+UNLISTED = {"unlisted": True}
 
 
 class ParamsError(ValueError):
@@ -95,18 +106,22 @@ def load_section(params: dict[str, Any], section: str, model: type[T]) -> T:
 
 class BaseLLMParams(Section):
     spec: str = Field("embedded:smollm2-135m-instruct",
-                      description="model spec: embedded:<name>, a local folder, a hub name, or tiny")
+                      description="model spec: embedded:<name>, a local folder, a hub name "
+                                  "(Qwen/Qwen2.5-0.5B-Instruct), or tiny")
     threads: int = Field(1, gt=0, description="torch CPU threads of the conversion")
 
 
 class DemosParams(Section):
-    envs: list[str] = Field(min_length=1, description="BabyAI level ids to record bot demonstrations on")
-    episodes: int = Field(gt=0, description="episodes per level")
-    seed: int = Field(ge=0, description="first level seed; episode i uses seed + i")
+    envs: list[str] = Field(default_factory=lambda: ["BabyAI-GoToLocal-v0", "BabyAI-PickupLoc-v0",
+                                                     "BabyAI-Text-GoToObjS4-v0"], min_length=1,
+                            description="BabyAI level ids to record bot demonstrations on (the last: GLAM's BC data)")
+    episodes: int = Field(200, gt=0, description="episodes per level")
+    seed: int = Field(0, ge=0, description="first level seed; episode i uses seed + i")
     max_steps: int | None = Field(None, gt=0, description="cut episodes after this many steps (None: env limit)")
 
 
 class EvalBaselinesParams(Section):
-    episodes: int = Field(gt=0, description="evaluation episodes per policy, level and mode")
-    seed: int = Field(ge=0, description="first evaluation seed; kept apart from demos seeds")
-    policies: list[Literal["bot", "random"]] = Field(min_length=1, description="baseline policies evaluated")
+    episodes: int = Field(200, gt=0, description="evaluation episodes per policy, level and mode")
+    seed: int = Field(100_000, ge=0, description="first evaluation seed; far from the demos' seeds")
+    policies: list[Literal["bot", "random"]] = Field(default_factory=lambda: ["bot", "random"], min_length=1,
+                                                     description="baseline policies evaluated")

@@ -48,6 +48,9 @@ class GRPOTrainParams(Section):
     lr_scheduler_type: Literal["linear", "constant", "cosine"] = Field("linear", description="learning-rate schedule")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     seed: int = Field(0, ge=0, description="seed of TRL's sampler, the adapter's initialisation and sampling")
+    stop_at_newline: bool = Field(False, description="end each completion after its first line break (needs "
+                                                     "per_completion_seeds; ProPS: the answer is line 1, as the "
+                                                     "search stops its replies)")
     bf16: bool = Field(True, description="bf16 mixed precision where the LLM's resolved dtype is bf16 (the "
                                          "stage's dtype: auto gives it on CUDA with bf16 and on CPUs that run bf16 "
                                          "natively when unpinned)")
@@ -60,9 +63,6 @@ class GRPOTrainParams(Section):
                                                          "(seed, generation round, its index in the round), so "
                                                          "N processes sample one process's completions "
                                                          "(False: transformers' sampling, one stream per process)")
-    stop_at_newline: bool = Field(False, description="end each completion after its first line break (needs "
-                                                     "per_completion_seeds; ProPS: the answer is line 1, as the "
-                                                     "search stops its replies)")
     lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter attached by TRL "
                                                                                 "(None: full fine-tune)")
 

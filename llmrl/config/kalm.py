@@ -4,6 +4,8 @@
 the grounding and imagination sections (``kalm.ground``, ``kalm.imagine``) are appended at the end of the file.
 d3rlpy algorithms keep d3rlpy's own config classes: ``OfflineAlgo.config`` holds keyword arguments validated by
 constructing ``d3rlpy.algos.<Algo>Config(**config)`` (no mirror of d3rlpy's fields here).
+
+The defaults are the CPU default tier; the study's and KALM's own scale are conf/kalm/study.yaml and paper.yaml.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llmrl.config import ComputeDType, Section
+from llmrl.config import UNLISTED, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
 __all__ = ["BenchmarkName", "LevelName", "D3rlpyAlgoName", "DataKind", "KalmEnvParams", "KalmDataParams",
@@ -47,8 +49,10 @@ class KalmEnvParams(Section):
 class KalmDataParams(Section):
     benchmarks: list[BenchmarkName] = Field(default_factory=lambda: ["metaworld", "babyai"], min_length=1,
                                             description="benchmarks to record offline data for")
-    metaworld_episodes_per_task: int = Field(8, gt=0, description="scripted episodes per Meta-World training task")
-    babyai_episodes_per_task: int = Field(8, gt=0, description="bot episodes per BabyAI training task")
+    metaworld_episodes_per_task: int = Field(8, gt=0, description="scripted episodes per Meta-World training task "
+                                             "(10 tasks)")
+    babyai_episodes_per_task: int = Field(24, gt=0, description="bot episodes per BabyAI training task (26 tasks; "
+                                          "bot episodes are ~5-10 steps)")
     action_noise: float = Field(0.1, ge=0, description="std of Gaussian noise added to Meta-World scripted actions "
                                 "(clipped to [-1, 1])")
     seed: int = Field(0, ge=0, description="first training episode seed; episode i of a task uses seed + i (must "
@@ -62,7 +66,8 @@ class KalmDataParams(Section):
     embed_model: str = Field("models/base_llm", description="model spec of the frozen instruction embedding "
                              "(mean-pooled last hidden state)")
     embed_batch_size: int = Field(32, gt=0, description="instructions per forward pass of the embedding model")
-    threads: int = Field(1, gt=0, description="torch threads of the embedding pass")
+    threads: int = Field(1, gt=0, description="torch threads of the embedding pass (2 threads on a shared 2-core "
+                                              "box is slower)")
 
 
 class OfflineAlgo(Section):
@@ -92,20 +97,40 @@ class OfflineAlgo(Section):
             raise ValueError(f"config: not valid for d3rlpy.algos.{self.algo}Config ({err})") from None
 
 
+def _cpu_algos() -> dict[str, OfflineAlgo]:
+    """The CPU default's offline runs. KALM runs 500k updates per run (conf/kalm/paper.yaml); here 1-2k, sized from
+    the measured one-thread rates (BC ~480, DiscreteCQL ~124, TD3+BC ~105 updates/s) to fit KALM's ~8 min budget.
+    Continuous CQL (~11 updates/s: 1k updates = 90 s per run) and IQL (~80/s) run in the study and paper profiles
+    only; 10-20k updates per run would take 24 runs x 80-190 s here."""
+    return {
+        "babyai-dbc": OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=2000,
+                                  config={"batch_size": 64, "learning_rate": 0.001}),
+        "babyai-dcql": OfflineAlgo(benchmark="babyai", algo="DiscreteCQL", steps=1000,  # alpha 10 as KALM
+                                   config={"batch_size": 64, "learning_rate": 0.0003, "alpha": 10.0}),
+        "metaworld-bc": OfflineAlgo(benchmark="metaworld", algo="BC", steps=2000,
+                                    config={"batch_size": 64, "learning_rate": 0.001}),
+        "metaworld-td3bc": OfflineAlgo(benchmark="metaworld", algo="TD3PlusBC", steps=1000,
+                                       config={"batch_size": 64, "alpha": 2.5}),
+    }
+
+
 class KalmOfflineParams(Section):
-    algos: dict[str, OfflineAlgo] = Field(min_length=1, description="runs by name (the dvc matrix 'algo' key)")
+    algos: dict[str, OfflineAlgo] = Field(default_factory=_cpu_algos, min_length=1,
+                                          description="runs by name (the dvc matrix 'algo' key)")
     data: list[DataKind] = Field(default_factory=lambda: ["real", "imagine"], min_length=1,
                                  description="real: offline data only; imagine: real + imagined rollouts mixed at "
                                  "mix_ratio (named after its data folder data/kalm/imagine, a dvc dep)")
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="training seeds")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, description="training seeds (CPU "
+                                                                                        "budget; the study runs 3)")
     mix_ratio: float = Field(0.5, gt=0, lt=1, description="share of imagined transitions in the real + imagined dataset "
                              "at most (imagined episodes drawn in a seeded order, each at most once: with too few "
                              "rollouts the share falls short, recorded by kalm_offline)")
     imagined_levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
                                              description="levels whose imagined rollouts feed the mixed dataset")
     threads: int = Field(1, gt=0, description="torch threads per run")
-    workers: int = Field(2, ge=1, description="seeds trained side by side, each alone in a single-threaded process "
-                                              "(results do not depend on it)")
+    workers: int = Field(1, ge=1, description="seeds trained side by side, each alone in a single-threaded process "
+                                              "(results do not depend on it; 1: `make repro` runs two items side "
+                                              "by side, dvc.yaml's meta.cpus)")
     log_every: int = Field(100, gt=0, description="updates between metric rows")
 
     _distinct = field_validator("seeds")(_distinct_seeds)
@@ -122,32 +147,38 @@ class KalmEvalParams(Section):
     levels: list[LevelName] = Field(default_factory=lambda: ["rephrase", "easy", "hard"], min_length=1,
                                     description="test levels evaluated")
     random_seeds: int = Field(3, gt=0, description="seeds of the random-policy row")
-    grounded_episodes: int = Field(1, ge=0, description="episodes per level for the LLM-as-policy row, at least "
-                                   "(every goal equally; never more than the other rows'; 0: skip the row)")
+    grounded_episodes: int = Field(0, ge=0, description="episodes per level for the LLM-as-policy row, at least "
+                                   "(every goal equally; never more than the other rows'; 0: skip the row, the CPU "
+                                   "default: one LLM forward per step costs ~100 s; the study plays 50)")
     confidence: float = Field(0.95, gt=0, lt=1, description="interval level over seeds")
     threads: int = Field(1, gt=0, description="torch threads for policy inference (per worker)")
-    workers: int = Field(2, gt=0, description="processes evaluating benchmarks in parallel")
+    workers: int = Field(1, gt=0, description="processes evaluating benchmarks in parallel (1: `make repro` pairs "
+                                              "the stage with another)")
 
 
 # ---- KALM-B: grounding (kalm.ground) and imaginary rollouts (kalm.imagine) ------------------------------------------
 
 
 class KalmGroundParams(Section):
-    """Grounding fine-tune of the base LLM on KALM's four patterns (``llmrl.algos.kalm_grounding``)."""
+    """Grounding fine-tune of the base LLM on KALM's four patterns (``llmrl.algos.kalm_grounding``). CPU default:
+    SmolLM2 + LoRA, 400 short samples per benchmark; KALM trains a Llama-class model on full
+    trajectories (conf/kalm/paper.yaml)."""
 
     model: str = Field("models/base_llm", description="base causal LM spec (llmrl.llm.load.load_model)")
     benchmarks: list[BenchmarkName] = Field(default_factory=lambda: ["metaworld", "babyai"], min_length=1,
                                             description="one grounded model per benchmark (observation sizes differ)")
-    lora: LoraSettings | None = Field(default_factory=LoraSettings, description="LoRA adapter (None: full fine-tune)")
-    trajectory_samples: int = Field(600, ge=0, description="instruction -> trajectory samples per benchmark (drawn "
+    lora: LoraSettings | None = Field(
+        default_factory=lambda: LoraSettings(r=8, alpha=16, dropout=0.05, target_modules="all-linear"),
+        description="LoRA adapter (None: full fine-tune)")
+    trajectory_samples: int = Field(160, ge=0, description="instruction -> trajectory samples per benchmark (drawn "
                                     "windows; ignored when all_transitions)")
-    all_transitions: bool = Field(False, description="the trajectory pattern tiles every real episode into "
+    all_transitions: bool = Field(False, json_schema_extra=UNLISTED, description="the trajectory pattern tiles every real episode into "
                                   "consecutive windows of `window` steps, so every real transition is trained on "
                                   "once per epoch (the original trains on every trajectory); False: "
                                   "trajectory_samples windows drawn at random")
-    dynamics_samples: int = Field(600, ge=0, description="(s, a) -> s' samples per benchmark")
-    goal_samples: int = Field(300, ge=0, description="(s0, instruction) -> final state samples per benchmark")
-    reverse_samples: int = Field(300, ge=0, description="trajectory -> instruction samples per benchmark")
+    dynamics_samples: int = Field(160, ge=0, description="(s, a) -> s' samples per benchmark")
+    goal_samples: int = Field(40, ge=0, description="(s0, instruction) -> final state samples per benchmark")
+    reverse_samples: int = Field(40, ge=0, description="trajectory -> instruction samples per benchmark")
     window: int = Field(40, gt=0, description="steps per trajectory sample (a window of the episode, starting at "
                         "its first step with probability start_prob, else at a random step); imagination runs at "
                         "most this many steps (kalm.imagine horizons), the length the model was trained on")
@@ -157,15 +188,15 @@ class KalmGroundParams(Section):
     obs_std_floor: float = Field(0.05, gt=0, description="continuous observation dims are divided by "
                                  "sqrt(std^2 + floor^2) of the training states: a dim constant in training stays "
                                  "bounded when it varies later (llmrl.llm.grounded.observation_scale)")
-    epochs: float = Field(2.0, gt=0, description="passes over the patterns' samples (updates = epochs x samples / "
+    epochs: float = Field(1.0, gt=0, description="passes over the patterns' samples (updates = epochs x samples / "
                           "batch_size, rounded up)")
-    eval_every: int = Field(0, ge=0, description="measure the held-out action and observation losses (validation "
+    eval_every: int = Field(0, ge=0, json_schema_extra=UNLISTED, description="measure the held-out action and observation losses (validation "
                             "episodes relabelled with training phrasings) every this many updates and after the "
                             "last, and keep the weights where obs_weight x L_obs + act_weight x L_act was lowest "
                             "(the token loss on unseen phrasings is reported, never the selector); 0: keep the "
                             "last weights")
-    batch_size: int = Field(16, gt=0, description="sequences per update")
-    lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate (LoRA, projections and heads)")
+    batch_size: int = Field(8, gt=0, description="sequences per update")
+    lr: float = Field(2e-3, gt=0, description="peak AdamW learning rate (LoRA, projections and heads)")
     warmup: int = Field(10, ge=0, description="linear warm-up updates, then linear decay to 0")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     obs_weight: float = Field(0.5, ge=0, description="weight of L_obs (KALM: 0.5)")
@@ -178,15 +209,17 @@ class KalmGroundParams(Section):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="grounding seeds (sampling, "
                              "initialisation, batch order), one kalm_ground item each; imagination and the "
                              "grounded-LLM row of kalm_eval read the first seed's model, gate 0 pools every seed")
-    gate_episodes: int = Field(0, ge=0, description="gate 0: closed-loop episodes per grounding seed and row "
+    gate_episodes: int = Field(1, ge=0, description="gate 0: closed-loop episodes per grounding seed and row "
                                "(grounded model, random actions, BC), at least, on the training goals (one "
                                "phrasing per task, every task equally) from validation starts in the real "
-                               "simulator; 0: no gate")
+                               "simulator (1: every training task once per row, BabyAI 50, Meta-World 10 "
+                               "episodes); 0: no gate")
     gate_seed: int = Field(10_000, ge=0, description="first gate-0 episode seed (must lie in the validation "
                            "initial-state range, llmrl.envs.kalm_levels.START_SPLITS)")
     gate_bc_steps: int = Field(2000, gt=0, description="updates of gate 0's BC reference (d3rlpy BC / DiscreteBC, "
                                "batch 64, lr 1e-3) on the grounding's real data, one run per grounding seed")
-    threads: int = Field(1, gt=0, description="torch threads")
+    threads: int = Field(1, gt=0, description="torch threads (2 OpenMP threads on the shared 2-core box ran 40x "
+                                              "slower under load)")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")
 
     _distinct = field_validator("seeds")(_distinct_seeds)
@@ -202,7 +235,8 @@ class KalmImagineParams(Section):
     rollouts: int = Field(1, gt=0, description="imagined rollouts per level, at least: every goal gets ceil(this / "
                           "goals) (BabyAI rephrase 52, easy 20, hard 24 goals, Meta-World 20, 16, 8)")
     metaworld_horizon: int = Field(40, gt=0, description="imagined steps at most per Meta-World rollout")
-    babyai_horizon: int = Field(24, gt=0, description="imagined steps at most per BabyAI rollout")
+    babyai_horizon: int = Field(16, gt=0, description="imagined steps at most per BabyAI rollout (BabyAI bot "
+                                                      "episodes take ~7 steps, kalm_data)")
     greedy: bool = Field(True, description="greedy actions (argmax / raw); False samples (softmax at temperature, "
                          "Gaussian noise of std temperature)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature / action noise std (greedy=False)")

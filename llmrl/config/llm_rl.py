@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
 
-from llmrl.config import DTYPE_HELP, ComputeDType, Section
+from llmrl.config import DTYPE_HELP, UNLISTED, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
 __all__ = ["MathDataParams", "CommonTrainParams", "ReinforceKLParams", "GRPOParams", "ReinforceTrainParams",
@@ -40,10 +40,12 @@ class MathDataParams(Section):
 
 class CommonTrainParams(Section):
     model: str = Field("models/base_llm", description="base model spec (folder, hub name, embedded:..., tiny)")
-    seed: int = Field(0, ge=0, description="the seed of one training run, for Python, NumPy, torch and LLM "
-                                           "sampling: llm_rl_train sets it from its item of llm_rl.train.seeds "
-                                           "(ReinforceTrainParams.for_seed); params.yaml leaves it out")
-    few_shot: int = Field(4, ge=0, description="solved train problems shown before each problem (the first k)")
+    seed: int = Field(0, ge=0, json_schema_extra=UNLISTED,
+                      description="the seed of one training run, for Python, NumPy, torch and LLM sampling: "
+                                  "llm_rl_train sets it from its item of llm_rl.train.seeds "
+                                  "(ReinforceTrainParams.for_seed); params.yaml leaves it out")
+    few_shot: int = Field(2, ge=0, description="solved train problems shown before each problem (the first k; CPU "
+                                               "budget; the original: 4)")
     lora: LoraSettings | None = Field(LoraSettings(r=16, alpha=32, dropout=0.0),
                                       description="LoRA adapter (both variants); null: full fine-tune")
     lr: float = Field(2e-4, gt=0, description="learning rate (both variants; original: 1e-5, full "
@@ -52,17 +54,20 @@ class CommonTrainParams(Section):
         "constant", description="both variants: constant, or linear decay to 0 over the optimiser steps "
                                 "(transformers' linear schedule, which TRL applies)")
     grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (both variants)")
-    iterations: int = Field(3, gt=0, description="collect-then-update iterations (GRPO: generation rounds; original: 20)")
+    iterations: int = Field(2, gt=0, description="collect-then-update iterations (GRPO: generation rounds; "
+                                                 "original: 20): the default shows both variants training, the "
+                                                 "study settles the claim (20)")
     problems_per_iteration: int = Field(4, gt=0, description="train problems per iteration")
     group_size: int = Field(4, gt=0, description="episodes (completions) per problem")
-    temperature: float = Field(0.7, gt=0, description="sampling temperature during training (original: 1.0)")
+    micro_batch: int = Field(8, gt=0, description="episodes (GRPO: completions) per optimizer step "
+                                                      "(original: 32 (state, line) samples)")
+    temperature: float = Field(0.7, gt=0, description="sampling temperature during training (original: 1.0; a "
+                                                      "135M model samples too few right answers there)")
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling during training")
     answer_tokens: int = Field(
         96, gt=0, description="token budget of one answer, both variants: GRPO's completion length; REINFORCE's "
                               "lines of one episode together (each line also capped by line_tokens)")
     line_tokens: int = Field(40, gt=0, description="REINFORCE only: tokens per line (≤ answer_tokens; original: 64)")
-    micro_batch: int = Field(8, gt=0, description="episodes (GRPO: completions) per optimizer step "
-                                                      "(original: 32 (state, line) samples)")
     gen_batch_size: int = Field(24, gt=0, description="prompts generated together")
     device: str | None = Field(None, description="cpu/cuda; None: cuda if present")
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
@@ -98,8 +103,10 @@ class ReinforceTrainParams(Section):
 
     seeds: list[NonNegativeInt] = Field(
         [0], min_length=1, description="training seeds: one llm_rl_train item per variant and seed, each a "
-                                       "model of its own; llm_rl_eval reports a variant over its seeds")
-    common: CommonTrainParams = Field(default_factory=CommonTrainParams, description="budget shared by both variants")
+                                       "model of its own; llm_rl_eval reports a variant over its seeds (the "
+                                       "study: 3)")
+    common: CommonTrainParams = Field(default_factory=CommonTrainParams, description="shared by both variants "
+                                      "(same data, prompt, reward and sample budget)")
     reinforce_kl: ReinforceKLParams = Field(default_factory=ReinforceKLParams, description="REINFORCE-KL only")
     grpo: GRPOParams = Field(default_factory=GRPOParams, description="GRPO (TRL) only")
 
@@ -136,12 +143,15 @@ class ReinforceTrainParams(Section):
 
 
 class MathEvalParams(Section):
-    n_problems: int | None = Field(None, gt=0, description="test problems evaluated; None: the whole test split")
+    n_problems: int | None = Field(20, gt=0, description="test problems evaluated, the first of the test split "
+                                   "(20: the CPU budget of the 45-min pipeline; the study: all 100); None: the whole "
+                                   "test split")
     max_new_tokens: int | None = Field(
         None, gt=0, description="tokens per solution; None: llm_rl.train.common.answer_tokens, the budget "
                                 "both variants trained with")
     max_truncated: float = Field(0.05, ge=0, le=1, description="largest share of a model's answers the cap should "
-                                                               "cut; above it the stage warns (raise the cap)")
+                                                               "cut; above it the stage warns that the comparison "
+                                                               "is unfair (raise the cap)")
     batch_size: int = Field(25, gt=0, description="prompts generated together")
     temperature: float = Field(0.6, gt=0, description="sampled mode temperature (the original's evaluation)")
     top_p: float = Field(0.9, gt=0, le=1, description="sampled mode nucleus")

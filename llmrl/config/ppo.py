@@ -1,6 +1,8 @@
 """The project's CleanRL-style PPO (``llmrl.algos.distilled_ppo``: LLM4Teach's students, MAPPO, GLAM's Symbolic-PPO) and
-LLM4Teach's distillation schedule: the only definition of their settings and defaults (the original LLM4Teach
-values where it has them). The algorithms take these models themselves."""
+LLM4Teach's distillation schedule: the only definition of their settings and defaults. The classes' defaults are the
+original LLM4Teach values where it has them; each section's own values are the default of the field holding it
+(``GlamSymbolic.ppo``, ``LLM4TeachTrainParams.ppo`` and ``.distill``, ``LLM4TeachMPEParams.ppo`` and ``.distill``),
+the default tier. The algorithms take these models themselves."""
 
 from __future__ import annotations
 
@@ -46,15 +48,11 @@ class PPOParams(Section):
 
 
 class DistillParams(Section):
-    """λ_k = min(λ₀, max(λ_min, λ₀ − δ·k)) for iterations k < ``until_iteration``, then 0 (LLM4Teach's weight of
-    the teacher cross-entropy; defaults are the original's)."""
+    """The schedule of λ, LLM4Teach's weight of the teacher cross-entropy (``llmrl.algos.distilled_ppo.distill_coef``:
+    λ_k = min(λ₀, max(λ_min, λ₀ − δ·k)) for iterations k < ``until_iteration``, then 0); defaults are the
+    original's."""
 
     initial: float = Field(10.0, ge=0, description="λ_0 of the teacher cross-entropy (0 = pure PPO)")
     decrement: float = Field(0.005, ge=0, description="λ decrease per iteration")
     minimum: float = Field(0.1, ge=0, description="λ floor")
     until_iteration: int = Field(3000, ge=0, description="iteration from which the teacher term is dropped")
-
-    def coef(self, iteration: int) -> float:
-        if iteration >= self.until_iteration:
-            return 0.0
-        return min(self.initial, max(self.minimum, self.initial - self.decrement * iteration))

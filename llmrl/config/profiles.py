@@ -1,12 +1,17 @@
 """A whole parameter set (params.yaml, study/params.yaml, any composed profile), validated section by section by
-the same models the stages use, and the tiers a method's section can come from (``conf/<method>/<tier>.yaml``)."""
+the same models the stages use, and the tiers a method's section can come from (``conf/<method>/<tier>.yaml``).
+
+The models' defaults are the default tier: ``default_profile(name)`` is a section as ``conf/<method>/default.yaml``
+(generated from it by ``python -m pipelines.tiers --write``) lists it, so ``GlamParams()`` in Python holds the values
+the pipeline's default runs."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
+from pydantic_core import to_jsonable_python
 
 from llmrl.config import (TIER_HELP, BaseLLMParams, DemosParams, EvalBaselinesParams, ParamsError, Section, TierName,
                           load_section)
@@ -18,7 +23,8 @@ from llmrl.config.llm_rl import MathDataParams, MathEvalParams, ReinforceTrainPa
 from llmrl.config.props import PropsParams
 from llmrl.config.report import ReportParams
 
-__all__ = ["GENERATED_KEY", "KalmParams", "LLMRLParams", "SECTIONS", "validate_params", "compose"]
+__all__ = ["GENERATED_KEY", "KalmParams", "LLMRLParams", "SECTIONS", "validate_params", "compose", "listed",
+           "default_profile"]
 
 
 class KalmParams(Section):
@@ -27,11 +33,12 @@ class KalmParams(Section):
     tier: TierName = Field("default", description=TIER_HELP)
     env: KalmEnvParams = Field(default_factory=KalmEnvParams, description="horizons and the BabyAI room")
     data: KalmDataParams = Field(default_factory=KalmDataParams, description="offline data (stage kalm_data)")
+    offline: KalmOfflineParams = Field(default_factory=KalmOfflineParams, description="offline RL (stage "
+                                       "kalm_offline)")
+    eval: KalmEvalParams = Field(default_factory=KalmEvalParams, description="evaluation (stage kalm_eval)")
     ground: KalmGroundParams = Field(default_factory=KalmGroundParams, description="grounding (stage kalm_ground)")
     imagine: KalmImagineParams = Field(default_factory=KalmImagineParams, description="imagined rollouts (stage "
                                        "kalm_imagine)")
-    offline: KalmOfflineParams = Field(description="offline RL (stage kalm_offline)")
-    eval: KalmEvalParams = Field(default_factory=KalmEvalParams, description="evaluation (stage kalm_eval)")
 
 
 class LLMRLParams(Section):
@@ -81,3 +88,32 @@ def compose(conf_dir: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
     with initialize_config_dir(str(os.path.abspath(conf_dir)), version_base=None):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def listed(model: BaseModel) -> dict[str, Any]:
+    """``model`` as a profile lists it, as plain data in field declaration order: a model built with keyword
+    arguments (a section's default such as ``PPOParams(total_frames=20_480, ...)``) lists the keys it was given,
+    any other every field but those marked ``UNLISTED``."""
+    given = model.model_fields_set
+    out = {}
+    for name, field in type(model).model_fields.items():
+        extra = field.json_schema_extra
+        if (name not in given) if given else (isinstance(extra, dict) and extra.get("unlisted") is True):
+            continue
+        out[field.alias or name] = _plain(getattr(model, name))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return listed(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return to_jsonable_python(value)
+
+
+def default_profile(name: str) -> dict[str, Any]:
+    """Section ``name`` of the default tier: its model's defaults as ``listed`` gives them."""
+    return listed(SECTIONS[name]())

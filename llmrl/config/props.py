@@ -11,6 +11,8 @@ budget exactly), and the quadratic check's budget likewise.
 
 ``props.grpo`` fine-tunes the optimizer with GRPO (function episodes on the CPU tiers, the original's control
 recipe in the paper profile); ``props.heldout`` tests it on functions it never saw.
+
+The defaults are the CPU default tier; the study and paper scale are conf/props/study.yaml and paper.yaml.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import Field, model_validator
 from llmrl.config import DTYPE_HELP, TIER_HELP, ComputeDType, Section, TierName
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.config.llm_faults import LLMFaultParams
+from llmrl.config.lora import LoraSettings
 
 __all__ = ["PropsMethod", "BaselineMethod", "PropsSpaceParams", "PropsLLMParams", "PropsSearchParams",
            "PPOBaselineParams", "CEMParams", "PropsBaselinesParams", "PropsTransferParams", "PropsEvalParams",
@@ -53,20 +56,21 @@ class PropsLLMParams(Section):
     spec: str = Field("models/base_llm", description="local model spec (embedded:<name>, folder, hub name, tiny); "
                                                       "for backend openai, the served model's tokenizer (prompt "
                                                       "tokens; the text api 'completions' sends)")
+    dtype: ComputeDType = Field("auto", description="local backend: " + DTYPE_HELP)
     model: str | None = Field(None, description="backend openai: the endpoint's model name")
     base_url: str | None = Field(None, description="backend openai: e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key (never "
                                                            "the key itself)")
-    faults: LLMFaultParams = Field(LLMFaultParams(timeout_s=120.0, deadline_s=3600.0), description="the fault "
-                                   "policy of every stage asking this LLM (props_search, props_transfer): request "
-                                   "timeout, retries, deadline, share of failed requests past which the stage fails "
-                                   "writing nothing")
+    faults: LLMFaultParams = Field(
+        default_factory=lambda: LLMFaultParams(timeout_s=120.0, max_retries=2, deadline_s=3600.0, max_fault_share=0.1),
+        description="the fault policy of every stage asking this LLM (props_search, props_transfer): request "
+                    "timeout, retries, deadline (a stage's LLM requests take ~6 min at the CPU default), share of "
+                    "failed requests past which the stage fails writing nothing")
     api: Literal["completions", "chat"] = Field(
         "completions", description="openai: 'completions' sends the prompt rendered here with spec's chat "
         "template (the text the local backend feeds the model, answer prefix continued; vLLM, llama.cpp, "
         "llmrl.llm.serve); 'chat' lets the server render it (hosted chat APIs; not every server continues an "
         "answer prefix)")
-    dtype: ComputeDType = Field("auto", description="local backend: " + DTYPE_HELP)
     batch_size: int = Field(16, gt=0, description="local backend: prompts per generate() batch")
     offline: bool = Field(False, description="serve replies only from the reply cache; a miss is an error")
     max_new_tokens: int | None = Field(None, gt=0, description="reply length cap in tokens; None: the longest "
@@ -75,10 +79,12 @@ class PropsLLMParams(Section):
                                                                 "value below that is an error (room to reason above)")
     stop_at_newline: bool = Field(True, description="stop each reply at its first line break (the answer is "
                                                     "line 1; saves generation time; off for reasoning models)")
-    answer_prefix: str = Field("", description="start of the assistant turn written for the model (e.g. "
-                                               "'params[0]:'; the model continues it; local backend or "
-                                               "endpoints that accept a final assistant message); '' = none")
-    temperature: float = Field(0.0, ge=0, description="sampling temperature (0: greedy)")
+    answer_prefix: str = Field("params[0]:", description="start of the assistant turn written for the model (the "
+                               "model continues it; local backend or endpoints that accept a final assistant "
+                               "message; SmolLM2-135M rarely starts with the format unaided); '' = none, for "
+                               "endpoint models")
+    temperature: float = Field(0.7, ge=0, description="sampling temperature (0: greedy; sampled, so the seeds' "
+                                                      "searches differ: greedy makes them identical)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
@@ -91,15 +97,19 @@ class PropsLLMParams(Section):
 
 
 class PropsSearchParams(Section):
-    tasks: list[str] = Field(min_length=1, description="control task keys (llmrl.envs.control.TASKS), one DVC "
-                                                       "stage item each")
+    tasks: list[str] = Field(["mountaincar_continuous"], min_length=1,
+                             description="control task keys (llmrl.envs.control.TASKS), one DVC stage item each "
+                                         "(CartPole, ~190 s of search, runs in the paper profile)")
     methods: list[PropsMethod] = Field(["props", "props_plus"], min_length=1,
                                        description="props: numeric template; props_plus: semantic template")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="independent searches, run in lockstep (one "
                                                                    "batched LLM call per iteration)")
-    iterations: int = Field(30, gt=0, description="search iterations (one proposal evaluated per iteration)")
-    episodes_per_eval: int = Field(20, gt=0, description="episodes behind each f(params) (the original: 20)")
-    max_episode_steps: dict[str, int] = Field(default_factory=dict, description="per-task horizon below the "
+    iterations: int = Field(4, gt=0, description="search iterations (one proposal evaluated per iteration)")
+    episodes_per_eval: int = Field(10, gt=0, description="episodes behind each f(params) (the original: 20)")
+    # MountainCarContinuous runs its own 999 steps: at 200 its flag is mostly out of reach and no stated maximum
+    # would be true (docs/methods/props.md, "Protocol details")
+    max_episode_steps: dict[str, int] = Field(default_factory=lambda: {"cartpole": 200, "inverted_pendulum": 200},
+                                              description="per-task horizon below the "
                                                                                 "task's own limit (missing: own "
                                                                                 "limit); every figure the prompts "
                                                                                 "state follows it (ControlTask."
@@ -109,8 +119,8 @@ class PropsSearchParams(Section):
                                                  "(privileged information no RL baseline has; ablate with false)")
     step_size: dict[str, float] = Field(default_factory=dict, description="per-task suggested step overriding "
                                                                           "the original's value")
-    max_reasks: int = Field(3, ge=0, description="correction re-asks after an unusable reply (the original: 3)")
-    prompt_token_budget: int = Field(2048, gt=0, description="prompt tokens (model's tokenizer, chat template "
+    max_reasks: int = Field(1, ge=0, description="correction re-asks after an unusable reply (the original: 3)")
+    prompt_token_budget: int = Field(768, gt=0, description="prompt tokens (model's tokenizer, chat template "
                                                              "applied); oldest history entries are dropped to fit")
     eval_episodes: int = Field(20, gt=0, description="held-out evaluation episodes of each run's final policy")
     eval_seed: int = Field(10_000_000, ge=0, description="first held-out evaluation seed (search episodes use "
@@ -139,7 +149,10 @@ class PropsBaselinesParams(Section):
     methods: list[BaselineMethod] = Field(["random_search", "cem", "ppo"], min_length=1,
                                           description="baselines run at the search's episode budget "
                                                       "(iterations × episodes_per_eval per seed)")
-    cem: CEMParams = Field(default_factory=CEMParams, description="cross-entropy method settings")
+    cem: CEMParams = Field(
+        default_factory=lambda: CEMParams(population=10, elite_frac=0.2, episodes_per_candidate=1, init_std=3.0,
+                                          min_std=0.1),
+        description="cross-entropy method settings")
     ppo: PPOBaselineParams = Field(default_factory=PPOBaselineParams, description="SB3 PPO settings")
 
 
@@ -162,13 +175,16 @@ class PropsQuadraticParams(Section):
 
     n_params: int = Field(2, ge=1, le=10, description="dimension of the quadratic (the issue: 2-3)")
     iterations: int = Field(15, gt=0, description="proposals per search (one evaluation each; the issue: 15-20)")
-    seeds: list[int] = Field([0, 1, 2, 3], min_length=2, description="searches per method, each with its own "
-                                                                     "centre c (drawn from the seed)")
+    seeds: list[int] = Field([0, 1], min_length=2, description="searches per method, each with its own centre c "
+                                                               "(drawn from the seed; 2 seeds x 15 proposals ~60 s "
+                                                               "of CPU, the study: 5 seeds x 30)")
     baselines: list[Literal["random_search", "cem"]] = Field(["random_search"], min_length=1,
                                                              description="gradient-free baselines at the same "
                                                                          "number of evaluations")
-    cem: CEMParams = Field(default_factory=lambda: CEMParams(population=5, episodes_per_candidate=1, init_std=3.0),
-                           description="CEM on the quadratic (one evaluation per candidate)")
+    cem: CEMParams = Field(
+        default_factory=lambda: CEMParams(population=5, elite_frac=0.2, episodes_per_candidate=1, init_std=3.0,
+                                          min_std=0.1),
+        description="CEM on the quadratic (one evaluation per candidate)")
 
     @model_validator(mode="after")
     def _cem_budget(self) -> PropsQuadraticParams:
@@ -189,13 +205,13 @@ class PropsFunctionDataParams(Section):
     """``props.grpo.functions``: optimisation episodes on cheap objective functions (``llmrl.envs.functions``;
     ``llmrl.algos.props_grpo_functions``), the CPU tiers' GRPO data."""
 
-    train_examples: int = Field(256, ge=1, description="training examples, each on its own function of the train "
+    train_examples: int = Field(64, ge=1, description="training examples, each on its own function of the train "
                                                        "split")
-    validation_examples: int = Field(32, ge=1, description="validation examples (checkpoint selection), functions "
+    validation_examples: int = Field(8, ge=1, description="validation examples (checkpoint selection), functions "
                                                            "of the validation split")
     dims: list[int] = Field([2, 3, 4], min_length=1, description="dimensions the functions are drawn in")
     history_min: int = Field(3, ge=1, description="fewest evaluated points in a prompt's history")
-    history_max: int = Field(15, ge=1, description="most evaluated points in a prompt's history")
+    history_max: int = Field(12, ge=1, description="most evaluated points in a prompt's history")
     random_share: float = Field(0.5, ge=0, le=1, description="share of histories made by random search (the rest: "
                                                              "partial hill-climbing runs)")
     hill_step: list[float] = Field([0.3, 2.0], min_length=2, max_length=2, description="range of the hill-climbing "
@@ -220,6 +236,25 @@ class PropsFunctionDataParams(Section):
         return self
 
 
+def _cpu_trainer() -> GRPOTrainParams:
+    """TRL GRPO of the CPU default: LoRA at a few steps (the original: lr 1e-5 over 5 epochs)."""
+    return GRPOTrainParams(
+        learning_rate=1e-4, loss_type="dapo", beta=0.0, num_iterations=1, epsilon=0.2, scale_rewards="group",
+        reward_weights=None, num_generations=4,
+        per_device_train_batch_size=4,  # one prompt's group per step
+        gradient_accumulation_steps=1, steps_per_generation=None,
+        max_steps=4,  # over the 4 parts of props_grpo_part
+        num_train_epochs=1.0,
+        max_prompt_tokens=1024,  # the longest function prompts (4-d, 12 points) fit whole
+        max_completion_length=32,
+        temperature=0.7,  # SmolLM2-135M at 1.0 rambles off-task
+        top_p=1.0, lr_scheduler_type="linear", max_grad_norm=1.0, seed=0,
+        stop_at_newline=True,  # the answer is line 1, as the search stops its replies
+        bf16=True, gradient_checkpointing=False,
+        lora=LoraSettings(r=8, alpha=32, dropout=0.1,
+                          target_modules=("q_proj", "k_proj", "o_proj", "up_proj", "down_proj")))
+
+
 class PropsGRPOParams(Section):
     """``props.grpo``: the data (function episodes, or the original's scored control vectors), the prompt, the
     training seeds, checkpoint selection and TRL's GRPO settings."""
@@ -238,7 +273,7 @@ class PropsGRPOParams(Section):
     eval_every: int = Field(0, ge=0, description="validate (mean reward of replies to the validation examples) every "
                                                  "this many steps and keep the best adapter; 0: validate at the "
                                                  "start and the end only")
-    validation_samples: int = Field(2, ge=1, description="replies sampled per validation example (fixed seeds: the "
+    validation_samples: int = Field(1, ge=1, description="replies sampled per validation example (fixed seeds: the "
                                                          "same draws for every checkpoint)")
     task: str = Field("mountaincar_continuous", description="data control: the task the vectors are scored on (the "
                                                             "original: MountainCarContinuous-v0)")
@@ -257,9 +292,10 @@ class PropsGRPOParams(Section):
                                                             "(None: the task's, as the search; the original's GRPO "
                                                             "prompt: 1.0)")
     iteration: int = Field(1, gt=0, description="data control: iteration number the prompt states (the original: 1)")
-    total_iterations: int = Field(30, gt=0, description="iteration count the prompt states (the original: 400; "
-                                                        "data functions: the held-out search's)")
-    answer_prefix: str = Field("", description="text that opens the assistant turn the completions continue, as "
+    total_iterations: int = Field(15, gt=0, description="iteration count the prompt states (the original: 400; "
+                                                        "data functions: the held-out search's, heldout.iterations)")
+    # as props.llm's; 32 sampled SmolLM2 replies: 72 % parsed so opened, 3 % unopened
+    answer_prefix: str = Field("params[0]:", description="text that opens the assistant turn the completions continue, as "
                                                "props.llm.answer_prefix opens the search's ('': the model writes "
                                                "the whole reply, the original's <think> format); the rewards read "
                                                "it with the completion")
@@ -271,7 +307,7 @@ class PropsGRPOParams(Section):
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
-    trainer: GRPOTrainParams = Field(default_factory=GRPOTrainParams, description="TRL GRPO and LoRA settings "
+    trainer: GRPOTrainParams = Field(default_factory=_cpu_trainer, description="TRL GRPO and LoRA settings "
                                                                                   "(its seed is each item's "
                                                                                   "training seed)")
 
@@ -288,21 +324,23 @@ class PropsHeldoutParams(Section):
     search's other settings (re-asks, prompt budget, hint) come from ``props.search``, the sampling from
     ``props.llm``."""
 
-    dims: list[int] = Field([2, 3, 4], min_length=1, description="dimensions of the test functions (one search "
-                                                                 "task each)")
-    functions_per_dim: int = Field(8, ge=1, description="test functions per dimension (the families alternate)")
-    validation_functions_per_dim: int = Field(4, ge=1, description="validation functions per dimension on which "
+    dims: list[int] = Field([2], min_length=1, description="dimensions of the test functions (one search task "
+                                                           "each)")
+    functions_per_dim: int = Field(4, ge=1, description="test functions per dimension (the families alternate)")
+    validation_functions_per_dim: int = Field(2, ge=1, description="validation functions per dimension on which "
                                                                    "hill climbing's step is tuned")
-    iterations: int = Field(30, gt=0, description="evaluations per search, every method")
+    iterations: int = Field(15, gt=0, description="evaluations per search, every method")
     base_reps: int = Field(1, ge=1, description="runs per function of the base model (sampling streams); the tuned "
                                                 "optimizer runs once per training seed")
-    reps: int = Field(3, ge=1, description="runs per function of each baseline (random streams)")
-    hill_steps: list[float] = Field([0.25, 0.5, 1.0, 2.0], min_length=1, description="hill-climbing steps tried on "
+    reps: int = Field(2, ge=1, description="runs per function of each baseline (random streams)")
+    hill_steps: list[float] = Field([0.5, 1.0], min_length=1, description="hill-climbing steps tried on "
                                                                                      "the validation functions")
-    cem: CEMParams = Field(default_factory=lambda: CEMParams(population=5, episodes_per_candidate=1, init_std=3.0),
-                           description="CEM (one evaluation per candidate)")
     prompt_token_budget: int = Field(640, gt=0, description="prompt tokens of each search (oldest history dropped "
                                                             "to fit), about the longest training prompts")
+    cem: CEMParams = Field(
+        default_factory=lambda: CEMParams(population=3, elite_frac=0.34, episodes_per_candidate=1, init_std=3.0,
+                                          min_std=0.1),
+        description="CEM (one evaluation per candidate)")
     confidence: float = Field(0.95, gt=0, lt=1, description="bootstrap interval level")
     reps_bootstrap: int = Field(2000, gt=0, description="bootstrap resamples")
 
@@ -321,7 +359,7 @@ class PropsParams(Section):
     tier: TierName = Field("default", description=TIER_HELP)
     space: PropsSpaceParams = Field(default_factory=PropsSpaceParams, description="the one parameter range")
     llm: PropsLLMParams = Field(default_factory=PropsLLMParams, description="the optimizer LLM")
-    search: PropsSearchParams = Field(description="ProPS / ProPS+ searches")
+    search: PropsSearchParams = Field(default_factory=PropsSearchParams, description="ProPS / ProPS+ searches")
     baselines: PropsBaselinesParams = Field(default_factory=PropsBaselinesParams, description="random search, CEM, "
                                                                                              "PPO")
     transfer: PropsTransferParams = Field(default_factory=PropsTransferParams, description="base vs GRPO-tuned "

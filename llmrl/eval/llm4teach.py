@@ -1,6 +1,6 @@
-"""LLM4Teach's result logic: seed-level headlines, the random-baseline check, the result check, the claim that
-the LLM's scores help, and the validation selection rule. Stages call these; tests pin them down
-(tests/test_llm4teach.py, tests/test_llm4teach_controls.py).
+"""LLM4Teach's result logic: MPE's evaluation episodes (``evaluate_spread``), seed-level headlines, the random-baseline
+check, the result check, the claim that the LLM's scores help, and the validation selection rule. Stages call these;
+tests pin them down (tests/test_llm4teach.py, tests/test_llm4teach_controls.py).
 
 Seeds are the unit everywhere (``llmrl.eval.seeds.aggregate_seeds``): a policy's figure is the mean over its
 training seeds of the per-seed mean over evaluation episodes, with a hierarchical-bootstrap interval. Every agent
@@ -9,14 +9,27 @@ plays the same test levels, so two students' difference is paired over those lev
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from llmrl.envs.mpe import SpreadBatch
 from llmrl.eval.paired import paired_bootstrap
 from llmrl.eval.seeds import SeedAggregate, aggregate_seeds
 
-__all__ = ["return_headline", "beats_random", "result_check", "scores_help", "select_setting"]
+__all__ = ["evaluate_spread", "return_headline", "beats_random", "result_check", "scores_help", "select_setting"]
+
+
+def evaluate_spread(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int, *, n_agents: int = 3,
+                    max_cycles: int = 25, local_ratio: float = 0.5) -> list[float]:
+    """Episode returns (sum over steps of the agents' mean reward) of a joint policy ``obs [A, D] -> actions [A]``."""
+    envs = SpreadBatch(1, n_agents, max_cycles, local_ratio)
+    obs = envs.reset(seed=seed)
+    returns: list[float] = []
+    while len(returns) < episodes:
+        obs, _, _, ended = envs.step(np.asarray(act(obs[0]))[None])
+        returns += ended
+    return returns
 
 
 def return_headline(per_seed_returns: Sequence[Sequence[float]], *, digits: int = 4, reps: int = 2000) -> dict:
