@@ -3,7 +3,7 @@ defaults are the CPU default tier; the original's scale is conf/llm4teach/paper.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -19,7 +19,7 @@ TeacherKind = Literal["llm", "llm_score", "uniform", "random_score", "oracle", "
 # The scoring teacher's controls: its candidate plans with equal or random scores, so a student's gain from the
 # candidate set is told apart from the gain the LLM's scores add (llmrl.eval.llm4teach.scores_help).
 SCORE_CONTROLS = ("uniform", "random_score")
-TEACHERS = ["llm", "llm_score", "uniform", "random_score", "oracle", "none"]
+TEACHERS = list(get_args(TeacherKind))  # every kind, in the order the default tier trains them
 TEACHERS_HELP = ("llm (sampled replies), llm_score (the LLM's log-probs of every admissible plan, softmax), uniform "
                  "and random_score (llm_score's controls: the same plans with equal or random scores; required "
                  "beside llm_score), oracle, none (pure PPO)")
