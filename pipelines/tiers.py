@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -222,12 +223,37 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
     return out
 
 
+# A run cut into resumable part stages: the matrix stage (its ``part`` values ``{n, after}``, ``after`` the previous
+# part's folder) and the parameter that counts its parts. dvc.yaml lists the default's parts; the study's chain is
+# rebuilt to the study's count, and a dependency on the default's last part follows to the study's last part.
+PART_CHAINS: dict[str, str] = {"props_grpo_part": "props.grpo.parts"}
+
+
+def _rechain(result: dict, name: str, parts: int) -> None:
+    """Rebuild chain stage ``name``'s part list in ``result`` (a study dag) to ``parts`` parts."""
+    chain = result[name]["matrix"]["part"]
+    folder = chain[1]["after"].rsplit("/", 1)[0] if len(chain) > 1 else None
+    if folder is None:
+        raise ValueError(f"{name}: dvc.yaml's chain needs two parts to name its folder")
+    last = f"{folder}/{len(chain)}"
+
+    def part(n: int, after: str) -> CommentedMap:
+        item = CommentedMap(n=n, after=after)
+        item.fa.set_flow_style()  # one line a part, as dvc.yaml writes them
+        return item
+    result[name]["matrix"]["part"] = [part(1, chain[0]["after"])] + [
+        part(n, f"{folder}/{n - 1}") for n in range(2, parts + 1)]
+    for stage in result.values():
+        body = stage.get("do", stage)
+        body["deps"] = [f"{folder}/{parts}" if d == last else d for d in body.get("deps", [])]
+
+
 def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES,
-              minutes: dict[str, float] = STUDY_MINUTES) -> dict:
+              minutes: dict[str, float] = STUDY_MINUTES, parts: dict[str, int] | None = None) -> dict:
     """study/dvc.yaml from the pipeline's dvc.yaml: the listed stages, each run with ``LLMRL_TIER=study`` from
     the repository root (``wdir: ..``), its outputs under study/, its inputs from study/ where a study stage writes
     them (else the default pipeline's, e.g. models/base_llm), its params from study/params.yaml, its
-    ``meta.minutes`` from ``minutes``."""
+    ``meta.minutes`` from ``minutes``, and each chain of parts (``PART_CHAINS``) as long as ``parts`` says."""
     names = [n for group in stages.values() for n in group]
     source = dvc_yaml["stages"]
     missing = [n for n in names if n not in source]
@@ -245,6 +271,9 @@ def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES,
             result[name] = {"foreach": stage["foreach"], "do": _study_stage(name, body, outputs, stages)}
         else:
             result[name] = _study_stage(name, body, outputs, stages)
+    for name, count in (parts or {}).items():
+        if name in result:
+            _rechain(result, name, count)
     for method in stages:
         result[study_report(method)] = _study_stage(study_report(method), copy.deepcopy(source["report"]), outputs,
                                                     {method: stages[method]})
@@ -289,6 +318,13 @@ def _study_values(node, outputs: set[str]):
     return node
 
 
+def _lookup(params: dict, key: str):
+    """``params``'s value at dotted ``key``."""
+    for part in key.split("."):
+        params = params[part]
+    return params
+
+
 def _method(name: str) -> str | None:
     """The method whose study page stage ``name`` is, else None."""
     return name.removesuffix("_study_report") if name.endswith("_study_report") else None
@@ -302,8 +338,8 @@ def write(check: bool = False) -> list[str]:
     dvc_yaml = yaml.load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
     import io
 
-    buf = io.StringIO()
-    yaml.dump(study_dag(dvc_yaml), buf)
+    import yaml as pyyaml
+
     profiles = default_profiles()
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "conf"
@@ -311,6 +347,10 @@ def write(check: bool = False) -> list[str]:
         for name, text in profiles.items():
             (conf / name).write_text(text, encoding="utf-8")
         default, study = params_text(conf=conf), params_text(tier_overrides(STUDY), conf=conf)
+    study_params = pyyaml.safe_load(study)
+    buf = io.StringIO()
+    yaml.dump(study_dag(dvc_yaml, parts={name: _lookup(study_params, key) for name, key in PART_CHAINS.items()}),
+              buf)
     wanted = {ROOT / "conf" / name: text for name, text in profiles.items()}
     wanted |= {  # params.yaml exactly as `dvc exp run` composes it, so an experiment never rewrites it
         ROOT / "params.yaml": default,
@@ -318,8 +358,6 @@ def write(check: bool = False) -> list[str]:
         ROOT / STUDY / "dvc.yaml": HEADER.format(source="dvc.yaml and pipelines/tiers.py (STUDY_STAGES)")
         + buf.getvalue(),
     }
-    import yaml as pyyaml
-
     from llmrl.config import ParamsError
     from llmrl.config.profiles import validate_params
 

@@ -198,10 +198,6 @@ def props_baselines() -> Outputs:
     return Outputs("props_baselines", runs=PROPS.data / "baselines", curves=PROPS.plots / "baselines")
 
 
-# The parts one GRPO run of ProPS's optimizer is cut into (dvc.yaml's props_grpo_part matrix; tests/test_stage_paths.py)
-PROPS_GRPO_PARTS = 4
-
-
 def props_grpo_part(part: int | str, seed: int | str) -> Outputs:
     """Part ``part`` of the GRPO run of training seed ``seed``: its checkpoint, best adapter and records."""
     return Outputs(f"props_grpo_part@part{int(part) - 1}-{seed}",

@@ -27,8 +27,9 @@ def read_jsonl(path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     args = stage_arguments("props_grpo", argv, seed="training seed (props.grpo.seeds)")
-    of, seed = paths.PROPS_GRPO_PARTS, int(args.seed)
+    seed = int(args.seed)
     p = stage_params("props.grpo", PropsGRPOParams)
+    of = p.parts
     if seed not in p.seeds:
         raise SystemExit(f"props_grpo: seed {seed} is not among props.grpo.seeds {p.seeds}")
     state = paths.props_grpo_part(of, seed).state

@@ -214,13 +214,18 @@ def test_llm_rl_train_items_follow_the_training_seeds_in_params(tmp_path):
     assert "models/llm_rl" in {d.def_path for d in stages["llm_rl_eval"].deps}
 
 
-def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_published():
-    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+@pytest.mark.parametrize("tier", ["default", "study"])
+def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_published(tier):
+    """As many part stages as the tier's props.grpo.parts, each after the previous; props_grpo reads the last."""
+    where = ROOT if tier == "default" else ROOT / "study"
+    stage = yaml.safe_load((where / "dvc.yaml").read_text())["stages"]
+    count = yaml.safe_load((where / "params.yaml").read_text())["props"]["grpo"]["parts"]
+    folder = "models/props/grpo_parts" if tier == "default" else "study/models/props/grpo_parts"
     parts = stage["props_grpo_part"]["matrix"]["part"]
-    assert [p["n"] for p in parts] == list(range(1, paths.PROPS_GRPO_PARTS + 1))
+    assert [p["n"] for p in parts] == list(range(1, count + 1))
     assert parts[0]["after"] == "models/base_llm"
-    assert [p["after"] for p in parts[1:]] == [f"models/props/grpo_parts/{n}" for n in range(1, len(parts))]
-    assert f"models/props/grpo_parts/{paths.PROPS_GRPO_PARTS}" in stage["props_grpo"]["do"]["deps"]
+    assert [p["after"] for p in parts[1:]] == [f"{folder}/{n}" for n in range(1, len(parts))]
+    assert [d for d in stage["props_grpo"]["do"]["deps"] if d.startswith(folder)] == [f"{folder}/{count}"]
 
 
 @pytest.mark.parametrize("pipeline", ["dvc.yaml", "study/dvc.yaml"])

@@ -147,6 +147,32 @@ def test_study_dag_maps_inputs_to_study_outputs():
         tiers.study_dag(dvc_yaml, {"m": ("a", "nope")})
 
 
+def test_study_dag_rebuilds_a_chain_of_parts_to_the_studys_count():
+    dvc_yaml = {"stages": {
+        "part": {"matrix": {"part": [{"n": 1, "after": "models/base_llm"}, {"n": 2, "after": "models/m/parts/1"}],
+                            "seed": [0]},
+                 "cmd": "python stages/part.py ${item.part.n}", "deps": ["${item.part.after}"],
+                 "outs": ["models/m/parts/${item.part.n}/${item.seed}"]},
+        "last": {"cmd": "python stages/last.py", "deps": ["stages/last.py", "models/m/parts/2"], "outs": ["models/m/x"]},
+        "report": {"cmd": "python stages/report.py", "deps": ["stages/report.py"], "outs": ["reports"]},
+    }}
+    got = tiers.study_dag(dvc_yaml, {"m": ("part", "last")}, minutes={}, parts={"part": 4})["stages"]
+    assert [dict(p) for p in got["part"]["matrix"]["part"]] == [
+        {"n": 1, "after": "models/base_llm"}, {"n": 2, "after": "study/models/m/parts/1"},
+        {"n": 3, "after": "study/models/m/parts/2"}, {"n": 4, "after": "study/models/m/parts/3"}]
+    assert got["last"]["deps"] == ["stages/last.py", "study/models/m/parts/4"]  # the study's last part
+    fewer = tiers.study_dag(dvc_yaml, {"m": ("part", "last")}, minutes={}, parts={"part": 1})["stages"]
+    assert len(fewer["part"]["matrix"]["part"]) == 1 and fewer["last"]["deps"][1] == "study/models/m/parts/1"
+
+
+def test_props_grpo_parts_need_as_many_steps():
+    from llmrl.config import ParamsError
+    from llmrl.config.props import PropsGRPOParams
+
+    with pytest.raises((ParamsError, ValueError), match="parts"):
+        PropsGRPOParams.model_validate({"parts": 8, "trainer": {"max_steps": 4}})
+
+
 def test_every_study_dependency_a_study_stage_writes_is_the_studys():
     """A study stage reads what another study stage wrote from under study/, never the default pipeline's copy
     (ProPS's GRPO parts: each resumes the previous study part, not the default's)."""
