@@ -103,12 +103,15 @@ test-hosts: test-setup openssh
 	$(BIN)/python -m pytest -q tests/test_hosts.py
 
 # The docs site, strictly (a warning fails): .cache/site/index.html, with the docs' own extras only (no test tools,
-# no llama.cpp build). tests/test_docs.py builds it the same way and checks every generated figure against its file.
+# no llama.cpp build). The generator writes the figures into the pages; a page whose figures differ from the result
+# files fails here first (`python scripts/docs_sources.py --write` after a result changes). tests/test_docs.py builds
+# the site the same way and runs the same check.
 $(DOCS_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[docs]' --constraint <(echo torch==2.13.0)
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
+	$(BIN)/python scripts/docs_sources.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(CACHE)/site
 
 bench: setup

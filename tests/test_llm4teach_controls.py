@@ -262,7 +262,7 @@ def test_docs_claims_table_reads_each_task_and_mode(tmp_path):
                {"greedy": entry(False, 0.3), "sampled": entry(True, 0.5)})
     write_json(tmp_path / "metrics/llm4teach/claims/mpe.json", {"greedy": entry(False, 1.5)})
     table = llm4teach_claims_table(tmp_path)
-    md = to_markdown(table, spans=False)
+    md = to_markdown(table)
     assert table.columns[2:4] == ["minus `student_random_score` [95 % CI]", "minus `student_uniform` [95 % CI]"]
     assert "| simpledoorkey | sampled | 0.5 [0.4, 0.6] | 0.02 [-0.05, 0.09] | yes | 5 | 100 |" in md
     assert "| mpe | greedy | 1.5 [1.4, 1.6] |" in md and len(table.rows) == 3

@@ -1,7 +1,9 @@
-"""MkDocs hook of the docs site: figures from their files, the API reference from ``__all__``, optional pages.
+"""MkDocs hook of the docs site: the API reference from ``__all__``, optional pages.
 
-- Every page's table markers and value placeholders are expanded from the repository's result files
-  (``llmrl.report.docs_tables.expand``); a missing file or field stops the build, naming it.
+- The pages are built as their Markdown sources hold them: ``scripts/docs_sources.py --write`` writes the figures
+  and tables into the sources, and tests/test_docs.py (as ``make docs``, through ``--check``) fails when a page is
+  stale. The build reads no result file, so the site is the pages a Git host shows, and a stale page is caught once,
+  for the README and the pages alike.
 - The API reference is one generated page per ``llmrl`` package (``api/<package>.md``): each module's docstring
   and the names of its ``__all__`` (read with ``ast``: the public surface, tests/test_public_surface.py), rendered
   by mkdocstrings from the source (griffe's static analysis; nothing is imported).
@@ -11,14 +13,9 @@
 from __future__ import annotations
 
 import ast
-import posixpath
 from pathlib import Path
 
-from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
-
-from llmrl.report.collect import MissingResultError
-from llmrl.report.docs_tables import ResultFieldError, expand
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "llmrl"
@@ -101,10 +98,3 @@ def on_files(files, config, **_):
         files.append(File.generated(config, uri, content=content))
     return files
 
-
-def on_page_markdown(markdown, page, config, files, **_):
-    depth = posixpath.dirname(page.file.src_uri).count("/") + (1 if posixpath.dirname(page.file.src_uri) else 0)
-    try:
-        return expand(markdown, ROOT, link_prefix="../" * depth)
-    except (MissingResultError, ResultFieldError) as err:
-        raise PluginError(f"{page.file.src_uri}: {err}") from err
