@@ -224,36 +224,43 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
 
 
 # A run cut into resumable part stages: the matrix stage (its ``part`` values ``{n, after}``, ``after`` the previous
-# part's folder) and the parameter that counts its parts. dvc.yaml lists the default's parts; the study's chain is
-# rebuilt to the study's count, and a dependency on the default's last part follows to the study's last part.
-PART_CHAINS: dict[str, str] = {"props_grpo_part": "props.grpo.parts"}
+# part's folder; its ``seed`` values the runs) and the parameters that count its parts and list its seeds. dvc.yaml
+# lists the default's parts. The study's stage is one item per (part, seed) after the same seed's previous part, so
+# a seed's next part never waits for the other seeds' (a matrix value cannot name the seed's own folder); its items
+# keep the matrix's names, and a dependency on the default's last part follows to the study's last part.
+PART_CHAINS: dict[str, tuple[str, str]] = {"props_grpo_part": ("props.grpo.parts", "props.grpo.seeds")}
 
 
-def _rechain(result: dict, name: str, parts: int) -> None:
-    """Rebuild chain stage ``name``'s part list in ``result`` (a study dag) to ``parts`` parts."""
-    chain = result[name]["matrix"]["part"]
+def _rechain(result: dict, name: str, parts: int, seeds: list[int]) -> None:
+    """Rebuild chain stage ``name`` in ``result`` (a study dag) as ``parts`` parts for each of ``seeds``."""
+    stage = result[name]
+    chain = stage.pop("matrix")["part"]
     folder = chain[1]["after"].rsplit("/", 1)[0] if len(chain) > 1 else None
     if folder is None:
         raise ValueError(f"{name}: dvc.yaml's chain needs two parts to name its folder")
     last = f"{folder}/{len(chain)}"
-
-    def part(n: int, after: str) -> CommentedMap:
-        item = CommentedMap(n=n, after=after)
-        item.fa.set_flow_style()  # one line a part, as dvc.yaml writes them
-        return item
-    result[name]["matrix"]["part"] = [part(1, chain[0]["after"])] + [
-        part(n, f"{folder}/{n - 1}") for n in range(2, parts + 1)]
-    for stage in result.values():
-        body = stage.get("do", stage)
-        body["deps"] = [f"{folder}/{parts}" if d == last else d for d in body.get("deps", [])]
+    items = CommentedMap()
+    for seed in seeds:
+        for n in range(1, parts + 1):
+            part = CommentedMap(n=n, after=chain[0]["after"] if n == 1 else f"{folder}/{n - 1}/{seed}")
+            item = CommentedMap(part=part, seed=seed)
+            item.fa.set_flow_style()  # one line an item
+            items[f"part{n - 1}-{seed}"] = item  # the name DVC gives the matrix's item
+    result[name] = {"foreach": items, "do": stage}
+    for other in result.values():
+        body = other.get("do", other)
+        body["deps"] = [f"{folder}/{parts}" + d[len(last):] if d == last or d.startswith(last + "/") else d
+                        for d in body.get("deps", [])]
 
 
 def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES,
-              minutes: dict[str, float] = STUDY_MINUTES, parts: dict[str, int] | None = None) -> dict:
+              minutes: dict[str, float] = STUDY_MINUTES,
+              parts: dict[str, tuple[int, list[int]]] | None = None) -> dict:
     """study/dvc.yaml from the pipeline's dvc.yaml: the listed stages, each run with ``LLMRL_TIER=study`` from
     the repository root (``wdir: ..``), its outputs under study/, its inputs from study/ where a study stage writes
     them (else the default pipeline's, e.g. models/base_llm), its params from study/params.yaml, its
-    ``meta.minutes`` from ``minutes``, and each chain of parts (``PART_CHAINS``) as long as ``parts`` says."""
+    ``meta.minutes`` from ``minutes``, and each chain of parts (``PART_CHAINS``) as ``parts`` gives its count and
+    seeds."""
     names = [n for group in stages.values() for n in group]
     source = dvc_yaml["stages"]
     missing = [n for n in names if n not in source]
@@ -271,9 +278,9 @@ def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES,
             result[name] = {"foreach": stage["foreach"], "do": _study_stage(name, body, outputs, stages)}
         else:
             result[name] = _study_stage(name, body, outputs, stages)
-    for name, count in (parts or {}).items():
+    for name, (count, seeds) in (parts or {}).items():
         if name in result:
-            _rechain(result, name, count)
+            _rechain(result, name, count, seeds)
     for method in stages:
         result[study_report(method)] = _study_stage(study_report(method), copy.deepcopy(source["report"]), outputs,
                                                     {method: stages[method]})
@@ -349,8 +356,9 @@ def write(check: bool = False) -> list[str]:
         default, study = params_text(conf=conf), params_text(tier_overrides(STUDY), conf=conf)
     study_params = pyyaml.safe_load(study)
     buf = io.StringIO()
-    yaml.dump(study_dag(dvc_yaml, parts={name: _lookup(study_params, key) for name, key in PART_CHAINS.items()}),
-              buf)
+    chains = {name: (_lookup(study_params, count), _lookup(study_params, seeds))
+              for name, (count, seeds) in PART_CHAINS.items()}
+    yaml.dump(study_dag(dvc_yaml, parts=chains), buf)
     wanted = {ROOT / "conf" / name: text for name, text in profiles.items()}
     wanted |= {  # params.yaml exactly as `dvc exp run` composes it, so an experiment never rewrites it
         ROOT / "params.yaml": default,

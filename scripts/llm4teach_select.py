@@ -1,4 +1,4 @@
-"""Select LLM4Teach's CPU settings on validation levels only (issue 9, item 6); writes metrics/llm4teach/selection.json.
+"""Select LLM4Teach's CPU settings on validation levels only; writes metrics/llm4teach/selection.json.
 
 Each part trains every candidate setting (overrides on top of params.yaml's ``llm4teach`` section) on tuning seeds
 that are not the final training seeds, scores it on the validation levels/episodes (``llm4teach.validation``,

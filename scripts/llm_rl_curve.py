@@ -1,4 +1,4 @@
-"""REINFORCE-KL's validation curve beyond the CPU default (issue 12, item 5): does more training move accuracy?
+"""REINFORCE-KL's validation curve beyond the CPU default: does more training move accuracy?
 
 Trains REINFORCE-KL (``llmrl.algos.reinforce_kl.ReinforceKL``) with params.yaml's ``llm_rl.train`` settings, for
 more iterations than the pipeline's default, on several training seeds, and measures greedy accuracy every

@@ -1,4 +1,4 @@
-"""LLM4Teach's controls (issue 48, item 3): the scoring teacher's candidate plans with uniform or random scores,
+"""LLM4Teach's controls: the scoring teacher's candidate plans with uniform or random scores,
 the claim that the LLM's scores help, pure PPO's own learning rate, the random check by intervals and the
 learners' budgets."""
 

@@ -216,16 +216,28 @@ def test_llm_rl_train_items_follow_the_training_seeds_in_params(tmp_path):
 
 @pytest.mark.parametrize("tier", ["default", "study"])
 def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_published(tier):
-    """As many part stages as the tier's props.grpo.parts, each after the previous; props_grpo reads the last."""
+    """As many parts as the tier's props.grpo.parts for each seed, each after the previous (the study's after the
+    same seed's); props_grpo reads the seed's last part; the items carry the names stages/paths.py gives them."""
     where = ROOT if tier == "default" else ROOT / "study"
     stage = yaml.safe_load((where / "dvc.yaml").read_text())["stages"]
-    count = yaml.safe_load((where / "params.yaml").read_text())["props"]["grpo"]["parts"]
+    grpo = yaml.safe_load((where / "params.yaml").read_text())["props"]["grpo"]
+    count, seeds = grpo["parts"], grpo["seeds"]
     folder = "models/props/grpo_parts" if tier == "default" else "study/models/props/grpo_parts"
-    parts = stage["props_grpo_part"]["matrix"]["part"]
-    assert [p["n"] for p in parts] == list(range(1, count + 1))
-    assert parts[0]["after"] == "models/base_llm"
-    assert [p["after"] for p in parts[1:]] == [f"{folder}/{n}" for n in range(1, len(parts))]
-    assert [d for d in stage["props_grpo"]["do"]["deps"] if d.startswith(folder)] == [f"{folder}/{count}"]
+    if tier == "default":  # a matrix: a part waits for every seed's previous part (the default trains one seed)
+        parts = stage["props_grpo_part"]["matrix"]["part"]
+        items = {paths.props_grpo_part(p["n"], s).stage.split("@")[1]: (p["n"], s, p["after"])
+                 for p in parts for s in seeds}
+        expected = {n: f"{folder}/{n - 1}" for n in range(2, count + 1)}
+    else:
+        items = {k: (v["part"]["n"], v["seed"], v["part"]["after"])
+                 for k, v in stage["props_grpo_part"]["foreach"].items()}
+        assert all(paths.props_grpo_part(n, s).stage == f"props_grpo_part@{k}" for k, (n, s, _) in items.items())
+        expected = None
+    assert sorted((n, s) for n, s, _ in items.values()) == sorted((n, s) for n in range(1, count + 1) for s in seeds)
+    for n, s, after in items.values():
+        want = "models/base_llm" if n == 1 else (expected[n] if expected else f"{folder}/{n - 1}/{s}")
+        assert after == want
+    assert [d for d in stage["props_grpo"]["do"]["deps"] if d.startswith(folder)] == [f"{folder}/{count}/${{item}}"]
 
 
 @pytest.mark.parametrize("pipeline", ["dvc.yaml", "study/dvc.yaml"])
