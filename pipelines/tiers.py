@@ -61,7 +61,7 @@ STUDY_STAGES: dict[str, tuple[str, ...]] = {
 STUDY_MINUTES: dict[str, float] = {
     # kalm_ground: one grounding seed per item (~25 min a seed, estimated from the 550-update runs)
     "kalm_data": 1, "kalm_ground": 25, "kalm_gate0": 0.2, "kalm_imagine": 4, "kalm_offline": 18, "kalm_eval": 10,
-    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 11, "props_grpo": 0.5,
+    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 20, "props_grpo": 0.5,
     "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 14,
     "props_eval": 0.5,
     "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
