@@ -93,8 +93,9 @@ test: test-setup chromium docs
 	$(BIN)/python -m pytest -q -m "not integration"
 
 # The integration tests (CI runs them after `make test`): kills mid-stage and resumes (tests/test_faults_interrupt.py),
-# the pool across hosts made of network namespaces (tests/test_hosts.py), the toy DAG through a pool and a remote
-# (tests/test_pipeline.py).
+# the pool across hosts made of network namespaces (tests/test_hosts.py), the DAG through Prefect, worker processes,
+# a pool and a remote (tests/test_pipeline.py), every stage of every profile on the tiny model
+# (tests/test_stage_smoke.py).
 test-integration: test-setup openssh
 	$(BIN)/python -m pytest -q -m integration
 
@@ -102,12 +103,15 @@ test-integration: test-setup openssh
 test-hosts: test-setup openssh
 	$(BIN)/python -m pytest -q tests/test_hosts.py
 
-# The docs site, strictly (a warning fails): .cache/site/index.html, with the docs' own extras only (no test tools,
-# no llama.cpp build). The generator writes the figures into the pages; a page whose figures differ from the result
+# The docs site, strictly (a warning fails): .cache/site/index.html, with the docs' own extras only and the project
+# without its dependencies (no torch, no test tools): about a minute from a fresh clone. The generator writes the figures into the pages; a page whose figures differ from the result
 # files fails here first (`python scripts/docs_sources.py --write` after a result changes). tests/test_docs.py builds
 # the site the same way and runs the same check.
-$(DOCS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[docs]' --constraint <(echo torch==2.13.0)
+$(DOCS_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['docs']))" \
+		| $(BIN)/python -m pip install -q -r /dev/stdin
+	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)

@@ -476,3 +476,18 @@ def test_kalm_page_in_headless_chromium(site, tmp_path):
     assert shot.stat().st_size > 20_000
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
+
+
+def test_the_docs_extra_pins_what_the_project_pins():
+    """`make docs` installs the docs extra and the project without its dependencies: a package both list must
+    have one version, or the docs-only environment would differ from the full one."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def pins(specs):
+        return dict(s.split(" ")[0].split("==", 1) for s in specs if "==" in s)
+    main, docs = pins(project["dependencies"]), pins(project["optional-dependencies"]["docs"])
+    shared = {name.split("[")[0] for name in docs} & set(main)
+    assert {"pydantic", "pyyaml", "jinja2", "hydra-core"} <= shared
+    assert {name: docs[name] for name in shared} == {name: main[name] for name in shared}

@@ -61,6 +61,7 @@ def clone(tmp_path) -> Path:
     return dst
 
 
+@pytest.mark.integration  # the project's own stages through dvc repro, push and pull: ~2 min
 def test_dvc_round_trip(clone, tmp_path):
     targets = ["demos", "eval_baselines"]
     out = _dvc("repro", *targets, cwd=clone)
@@ -95,6 +96,7 @@ def test_dvc_round_trip(clone, tmp_path):
     assert "up to date" in out
 
 
+@pytest.mark.integration  # glam_train through dvc repro, push and pull: ~1 min
 def test_round_trip_of_a_checkpointed_stage(clone, tmp_path):
     """glam_train keeps a resume point while it runs: after push and pull, a second clone is clean and up to date,
     and `dvc repro` there is a no-op (the checkpoint is scratch, not an out that a clone lacks)."""
@@ -140,6 +142,7 @@ stages:
 """
 
 
+@pytest.mark.integration  # a Prefect server and a flow of stage processes: ~45 s
 def test_prefect_flow_runs_dag_in_order(tmp_path):
     from pipelines.dag import read_dag
 
@@ -273,8 +276,9 @@ def _outputs(root):
     return lock, {f: (root / f).read_bytes() for f in files}
 
 
-# through a DVC remote: 90 s of several processes, with the pool route's test in `make test-integration`
-@pytest.mark.parametrize("remote", [False, pytest.param(True, marks=pytest.mark.integration)])
+# several worker processes, with and without a DVC remote: ~2 min each, `make test-integration`
+@pytest.mark.integration
+@pytest.mark.parametrize("remote", [False, True])
 def test_parallel_workers_end_as_a_serial_run(tmp_path, monkeypatch, remote):
     from pipelines.dag import read_dag
 

@@ -27,6 +27,9 @@ from pipelines.workspace import stage_outputs
 from .stage_runs import (METHODS, SHARED, check_outputs, compose_params, result_files, run_stages,
                          scratch_workspace, stage_commands)
 
+# every stage of every method twice, in two processes: ~9 min on 2 cores, `make test-integration` (CI runs it)
+pytestmark = pytest.mark.integration
+
 # What a paper profile needs on this CPU: one thread, no CUDA device asked for, fp32 where it asks for bf16, and
 # local files in GSM8K's format for the hub's GSM8K (the tiny model's folder stands in for every hub model: TINY).
 # Of its longer lists, the entries whose code the default profile does not run: a full fine-tune beside LoRA and
