@@ -223,12 +223,14 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
     return out
 
 
-# A run cut into resumable part stages: the matrix stage (its ``part`` values ``{n, after}``, ``after`` the previous
-# part's folder; its ``seed`` values the runs) and the parameters that count its parts and list its seeds. dvc.yaml
-# lists the default's parts. The study's stage is one item per (part, seed) after the same seed's previous part, so
-# a seed's next part never waits for the other seeds' (a matrix value cannot name the seed's own folder); its items
-# keep the matrix's names, and a dependency on the default's last part follows to the study's last part.
-PART_CHAINS: dict[str, tuple[str, str]] = {"props_grpo_part": ("props.grpo.parts", "props.grpo.seeds")}
+# A run cut into resumable part stages: the matrix stage (its ``part`` values ``{n, of, after}``: the part, the
+# chain's length, the previous part's folder; its ``seed`` values the runs), the parameter listing its seeds and the
+# study's chain length (the pipeline's shape, as dvc.yaml's 4 parts are the default's: each part stays under the
+# 30-minute stage limit at the study's steps, about 20 min for 50 steps). The study's stage is one item per (part,
+# seed) after the same seed's previous part, so a seed's next part never waits for the other seeds' (a matrix value
+# cannot name the seed's own folder); its items keep the matrix's names. A stage that reads the last part follows it:
+# its dependency, and its command's last argument, the chain's length.
+PART_CHAINS: dict[str, tuple[str, int]] = {"props_grpo_part": ("props.grpo.seeds", 8)}
 
 
 def _rechain(result: dict, name: str, parts: int, seeds: list[int]) -> None:
@@ -242,15 +244,23 @@ def _rechain(result: dict, name: str, parts: int, seeds: list[int]) -> None:
     items = CommentedMap()
     for seed in seeds:
         for n in range(1, parts + 1):
-            part = CommentedMap(n=n, after=chain[0]["after"] if n == 1 else f"{folder}/{n - 1}/{seed}")
+            part = CommentedMap(n=n, of=parts, after=chain[0]["after"] if n == 1 else f"{folder}/{n - 1}/{seed}")
             item = CommentedMap(part=part, seed=seed)
             item.fa.set_flow_style()  # one line an item
             items[f"part{n - 1}-{seed}"] = item  # the name DVC gives the matrix's item
     result[name] = {"foreach": items, "do": stage}
     for other in result.values():
         body = other.get("do", other)
+        deps = body.get("deps", [])
+        if not any(d == last or d.startswith(last + "/") for d in deps):
+            continue
         body["deps"] = [f"{folder}/{parts}" + d[len(last):] if d == last or d.startswith(last + "/") else d
-                        for d in body.get("deps", [])]
+                        for d in deps]
+        command, count = body["cmd"].rsplit(" ", 1)
+        if count != str(len(chain)):
+            raise ValueError(f"{name}: a reader of the last part must end its command with the chain's length "
+                             f"{len(chain)}: {body['cmd']!r}")
+        body["cmd"] = f"{command} {parts}"
 
 
 def study_dag(dvc_yaml: dict, stages: dict[str, tuple[str, ...]] = STUDY_STAGES,
@@ -356,8 +366,7 @@ def write(check: bool = False) -> list[str]:
         default, study = params_text(conf=conf), params_text(tier_overrides(STUDY), conf=conf)
     study_params = pyyaml.safe_load(study)
     buf = io.StringIO()
-    chains = {name: (_lookup(study_params, count), _lookup(study_params, seeds))
-              for name, (count, seeds) in PART_CHAINS.items()}
+    chains = {name: (parts, _lookup(study_params, seeds)) for name, (seeds, parts) in PART_CHAINS.items()}
     yaml.dump(study_dag(dvc_yaml, parts=chains), buf)
     wanted = {ROOT / "conf" / name: text for name, text in profiles.items()}
     wanted |= {  # params.yaml exactly as `dvc exp run` composes it, so an experiment never rewrites it

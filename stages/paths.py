@@ -198,13 +198,15 @@ def props_baselines() -> Outputs:
     return Outputs("props_baselines", runs=PROPS.data / "baselines", curves=PROPS.plots / "baselines")
 
 
-def props_grpo_part(part: int | str, seed: int | str) -> Outputs:
-    """Part ``part`` of the GRPO run of training seed ``seed``: its checkpoint, best adapter and records."""
+def props_grpo_part(part: int | str, parts: int | str, seed: int | str) -> Outputs:
+    """Part ``part`` (of ``parts``, the stage's command arguments; the path is the part's) of the GRPO run of
+    training seed ``seed``: its checkpoint, best adapter and records."""
     return Outputs(f"props_grpo_part@part{int(part) - 1}-{seed}",
                    state=PROPS.models / "grpo_parts" / str(int(part)) / str(seed))
 
 
-def props_grpo(seed: int | str) -> Outputs:
+def props_grpo(seed: int | str, parts: int | str | None = None) -> Outputs:
+    """The published run of training seed ``seed`` (``parts``: its command's part count, not in the path)."""
     return Outputs(f"props_grpo@{seed}", adapter=PROPS.models / "grpo" / str(seed), data=PROPS.data / "grpo" / str(seed),
                    metrics=PROPS.metrics / "grpo" / f"{seed}.json", live=PROPS.plots / "grpo" / str(seed))
 

@@ -1,7 +1,7 @@
 """Stage props_grpo: the GRPO-tuned ProPS optimizer of one training seed, published from the last part of its run
 (``props_grpo_part``): the adapter chosen on validation data, every record of the run, its metrics and curves.
 
-``python -m stages.props_grpo <seed>`` reads the last part, ``models/props/grpo_parts/<parts>/<seed>/`` and writes the LoRA
+``python -m stages.props_grpo <seed> <parts>`` reads the last part, ``models/props/grpo_parts/<parts>/<seed>/`` and writes the LoRA
 adapter ``models/props/grpo/<seed>`` (the validation-best one, byte-stable), ``data/props/grpo/<seed>/`` (every
 sampled completion with its rewards, every validation reply, TRL's metrics per step, the selection and the
 rendered first prompt), ``metrics/props/grpo/<seed>.json`` (steps, completions, the validation score at step 0,
@@ -26,13 +26,13 @@ def read_jsonl(path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("props_grpo", argv, seed="training seed (props.grpo.seeds)")
-    seed = int(args.seed)
+    args = stage_arguments("props_grpo", argv, seed="training seed (props.grpo.seeds)",
+                           parts="the parts the run was cut into: the last one is read")
+    seed, of = int(args.seed), int(args.parts)
     p = stage_params("props.grpo", PropsGRPOParams)
-    of = p.parts
     if seed not in p.seeds:
         raise SystemExit(f"props_grpo: seed {seed} is not among props.grpo.seeds {p.seeds}")
-    state = paths.props_grpo_part(of, seed).state
+    state = paths.props_grpo_part(of, of, seed).state
     out = paths.props_grpo(seed)
     part = json.loads((state / "part.json").read_text())
     selection = json.loads((state / "selection.json").read_text())

@@ -2,7 +2,7 @@
 seed; the parts of a seed resume one another, so a run of hundreds of steps is cut into stages of minutes.
 
 ``python -m stages.props_grpo_part <part> <seed>`` trains the steps after part - 1's end up to
-ceil(part x max_steps / parts) of ``props.grpo.trainer.max_steps`` (``props.grpo.parts`` parts; ``llmrl.algos.grpo.part_end``), resuming from part - 1's full checkpoint
+ceil(part x max_steps / parts) of ``props.grpo.trainer.max_steps`` (``llmrl.algos.grpo.part_end``), resuming from part - 1's full checkpoint
 (adapter, optimiser, schedule, random states: the parts equal one uncut run). The data are
 ``props.grpo.data``'s (``llmrl.algos.props_grpo_functions.grpo_data``: optimisation episodes on the train split's
 functions at the CPU tiers, the original's scored MountainCar vectors in the paper profile). Every
@@ -48,21 +48,23 @@ def write_jsonl(path, rows) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("props_grpo_part", argv, part="this part, 1..props.grpo.parts",
+    args = stage_arguments("props_grpo_part", argv, part="this part, 1..parts",
+                           parts="the parts the run is cut into (the pipeline's chain: dvc.yaml, study/dvc.yaml)",
                            seed="training seed (props.grpo.seeds)")
-    part, seed = int(args.part), int(args.seed)
+    part, of, seed = int(args.part), int(args.parts), int(args.seed)
     space = stage_params("props.space", PropsSpaceParams)
     p = stage_params("props.grpo", PropsGRPOParams)
-    of = p.parts
     search = stage_params("props.search", PropsSearchParams)
     if seed not in p.seeds:
         raise SystemExit(f"props_grpo_part: seed {seed} is not among props.grpo.seeds {p.seeds}")
     if not 1 <= part <= of:
         raise SystemExit(f"props_grpo_part: part {part} is outside 1..{of}")
-    total = p.trainer.max_steps  # set and >= parts (PropsGRPOParams)
+    total = p.trainer.max_steps
+    if total is None or total < of:
+        raise SystemExit(f"props_grpo_part: props.grpo.trainer.max_steps ({total}) must be set and >= the {of} parts")
     end = part_end(part, of, total)
-    out = paths.props_grpo_part(part, seed).state
-    prev = paths.props_grpo_part(part - 1, seed).state if part > 1 else None
+    out = paths.props_grpo_part(part, of, seed).state
+    prev = paths.props_grpo_part(part - 1, of, seed).state if part > 1 else None
     seed_everything(seed)
     torch.set_num_threads(p.threads)
     t0 = time.perf_counter()

@@ -128,7 +128,7 @@ KINDS = {  # kind: the stage script and its arguments (dvc.yaml's cmd)
     "d3rlpy_offline": ["kalm_offline.py", "babyai-dbc", "real"],
     "kalm_grounding": ["kalm_ground.py", "babyai", "0"],
     "props_baselines": ["props_baselines.py"],
-    "props_grpo": ["props_grpo_part.py", "1", "0"],
+    "props_grpo": ["props_grpo_part.py", "1", "4", "0"],
 }
 
 

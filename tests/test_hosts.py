@@ -581,7 +581,8 @@ def _gpu_slots_count_the_gpus_declared_across_hosts(lab: Lab, serial: dict) -> d
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        run = _coordinate(lab, server, "gpus", _pool_args(lab, deployment, workspace, remote), workspace)
+        run = _coordinate(lab, server, "gpus", _pool_args(lab, deployment, workspace, remote), workspace,
+                          timeout=900)  # beyond the stages' 300 s wait for their three starts
     finally:
         done.set()
         watcher.join()

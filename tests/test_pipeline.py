@@ -142,7 +142,6 @@ stages:
 """
 
 
-@pytest.mark.integration  # a Prefect server and a flow of stage processes: ~45 s
 def test_prefect_flow_runs_dag_in_order(tmp_path):
     from pipelines.dag import read_dag
 

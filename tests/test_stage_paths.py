@@ -216,28 +216,40 @@ def test_llm_rl_train_items_follow_the_training_seeds_in_params(tmp_path):
 
 @pytest.mark.parametrize("tier", ["default", "study"])
 def test_props_grpo_parts_chain_each_part_to_the_previous_and_the_last_is_published(tier):
-    """As many parts as the tier's props.grpo.parts for each seed, each after the previous (the study's after the
-    same seed's); props_grpo reads the seed's last part; the items carry the names stages/paths.py gives them."""
+    """Each seed's parts 1..N, each after the previous one (the study's after the same seed's), each told N; the
+    items carry the names stages/paths.py gives them; props_grpo reads the seed's last part and is told N."""
     where = ROOT if tier == "default" else ROOT / "study"
     stage = yaml.safe_load((where / "dvc.yaml").read_text())["stages"]
-    grpo = yaml.safe_load((where / "params.yaml").read_text())["props"]["grpo"]
-    count, seeds = grpo["parts"], grpo["seeds"]
+    seeds = yaml.safe_load((where / "params.yaml").read_text())["props"]["grpo"]["seeds"]
     folder = "models/props/grpo_parts" if tier == "default" else "study/models/props/grpo_parts"
     if tier == "default":  # a matrix: a part waits for every seed's previous part (the default trains one seed)
         parts = stage["props_grpo_part"]["matrix"]["part"]
-        items = {paths.props_grpo_part(p["n"], s).stage.split("@")[1]: (p["n"], s, p["after"])
+        items = {paths.props_grpo_part(p["n"], p["of"], s).stage.split("@")[1]: (p["n"], p["of"], s, p["after"])
                  for p in parts for s in seeds}
-        expected = {n: f"{folder}/{n - 1}" for n in range(2, count + 1)}
+        after = {n: f"{folder}/{n - 1}" for n in range(2, len(parts) + 1)}
     else:
-        items = {k: (v["part"]["n"], v["seed"], v["part"]["after"])
+        items = {k: (v["part"]["n"], v["part"]["of"], v["seed"], v["part"]["after"])
                  for k, v in stage["props_grpo_part"]["foreach"].items()}
-        assert all(paths.props_grpo_part(n, s).stage == f"props_grpo_part@{k}" for k, (n, s, _) in items.items())
-        expected = None
-    assert sorted((n, s) for n, s, _ in items.values()) == sorted((n, s) for n in range(1, count + 1) for s in seeds)
-    for n, s, after in items.values():
-        want = "models/base_llm" if n == 1 else (expected[n] if expected else f"{folder}/{n - 1}/{s}")
-        assert after == want
-    assert [d for d in stage["props_grpo"]["do"]["deps"] if d.startswith(folder)] == [f"{folder}/{count}/${{item}}"]
+        assert all(paths.props_grpo_part(n, of, s).stage == f"props_grpo_part@{k}" for k, (n, of, s, _) in items.items())
+        after = None
+    count = max(n for n, *_ in items.values())
+    assert {of for _, of, _, _ in items.values()} == {count}
+    assert sorted((n, s) for n, _, s, _ in items.values()) == sorted((n, s) for n in range(1, count + 1) for s in seeds)
+    for n, _, s, prev in items.values():
+        assert prev == ("models/base_llm" if n == 1 else (after[n] if after else f"{folder}/{n - 1}/{s}"))
+    reader = stage["props_grpo"]["do"]
+    assert [d for d in reader["deps"] if d.startswith(folder)] == [f"{folder}/{count}/${{item}}"]
+    assert reader["cmd"].endswith(f" {count}")
+
+
+def test_every_props_profile_has_a_step_for_each_default_part():
+    """`dvc exp run -S props=<profile>` runs the default pipeline's parts: each needs at least one step."""
+    from pipelines.tiers import compose
+
+    parts = len(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["props_grpo_part"]["matrix"]["part"])
+    for profile in ("default", "study", "paper", "endpoint"):
+        steps = compose([f"props={profile}"])["props"]["grpo"]["trainer"]["max_steps"]
+        assert steps is not None and steps >= parts, (profile, steps)
 
 
 @pytest.mark.parametrize("pipeline", ["dvc.yaml", "study/dvc.yaml"])

@@ -149,36 +149,32 @@ def test_study_dag_maps_inputs_to_study_outputs():
 
 def test_study_dag_rebuilds_a_chain_of_parts_per_seed_to_the_studys_count():
     dvc_yaml = {"stages": {
-        "part": {"matrix": {"part": [{"n": 1, "after": "models/base_llm"}, {"n": 2, "after": "models/m/parts/1"}],
-                            "seed": "${m.seeds}"},
-                 "cmd": "python stages/part.py ${item.part.n} ${item.seed}", "deps": ["${item.part.after}"],
-                 "outs": ["models/m/parts/${item.part.n}/${item.seed}"]},
-        "last": {"foreach": "${m.seeds}", "do": {"cmd": "python stages/last.py ${item}",
+        "part": {"matrix": {"part": [{"n": 1, "of": 2, "after": "models/base_llm"},
+                                     {"n": 2, "of": 2, "after": "models/m/parts/1"}], "seed": "${m.seeds}"},
+                 "cmd": "python stages/part.py ${item.part.n} ${item.part.of} ${item.seed}",
+                 "deps": ["${item.part.after}"], "outs": ["models/m/parts/${item.part.n}/${item.seed}"]},
+        "last": {"foreach": "${m.seeds}", "do": {"cmd": "python stages/last.py ${item} 2",
                                                 "deps": ["stages/last.py", "models/m/parts/2/${item}"],
                                                 "outs": ["models/m/x/${item}"]}},
         "report": {"cmd": "python stages/report.py", "deps": ["stages/report.py"], "outs": ["reports"]},
     }}
     got = tiers.study_dag(dvc_yaml, {"m": ("part", "last")}, minutes={}, parts={"part": (3, [0, 5])})["stages"]
-    items = {k: {"n": v["part"]["n"], "after": v["part"]["after"], "seed": v["seed"]}
-             for k, v in got["part"]["foreach"].items()}
+    items = {k: {**v["part"], "seed": v["seed"]} for k, v in got["part"]["foreach"].items()}
     assert items == {  # each seed's part after its own previous part; the names a matrix gives its items
-        "part0-0": {"n": 1, "after": "models/base_llm", "seed": 0},
-        "part1-0": {"n": 2, "after": "study/models/m/parts/1/0", "seed": 0},
-        "part2-0": {"n": 3, "after": "study/models/m/parts/2/0", "seed": 0},
-        "part0-5": {"n": 1, "after": "models/base_llm", "seed": 5},
-        "part1-5": {"n": 2, "after": "study/models/m/parts/1/5", "seed": 5},
-        "part2-5": {"n": 3, "after": "study/models/m/parts/2/5", "seed": 5}}
+        "part0-0": {"n": 1, "of": 3, "after": "models/base_llm", "seed": 0},
+        "part1-0": {"n": 2, "of": 3, "after": "study/models/m/parts/1/0", "seed": 0},
+        "part2-0": {"n": 3, "of": 3, "after": "study/models/m/parts/2/0", "seed": 0},
+        "part0-5": {"n": 1, "of": 3, "after": "models/base_llm", "seed": 5},
+        "part1-5": {"n": 2, "of": 3, "after": "study/models/m/parts/1/5", "seed": 5},
+        "part2-5": {"n": 3, "of": 3, "after": "study/models/m/parts/2/5", "seed": 5}}
     assert got["part"]["do"]["outs"] == ["study/models/m/parts/${item.part.n}/${item.seed}"]
     assert got["part"]["do"]["deps"] == ["${item.part.after}"] and "matrix" not in got["part"]["do"]
-    assert got["last"]["do"]["deps"] == ["stages/last.py", "study/models/m/parts/3/${item}"]  # the study's last part
-
-
-def test_props_grpo_parts_need_as_many_steps():
-    from llmrl.config import ParamsError
-    from llmrl.config.props import PropsGRPOParams
-
-    with pytest.raises((ParamsError, ValueError), match="parts"):
-        PropsGRPOParams.model_validate({"parts": 8, "trainer": {"max_steps": 4}})
+    last = got["last"]["do"]
+    assert last["deps"] == ["stages/last.py", "study/models/m/parts/3/${item}"]  # the study's last part
+    assert last["cmd"] == "LLMRL_TIER=study python stages/last.py ${item} 3"
+    dvc_yaml["stages"]["last"]["do"]["cmd"] = "python stages/last.py ${item}"  # a reader that names no length
+    with pytest.raises(ValueError, match="chain's length"):
+        tiers.study_dag(dvc_yaml, {"m": ("part", "last")}, minutes={}, parts={"part": (3, [0])})
 
 
 def test_every_study_dependency_a_study_stage_writes_is_the_studys():

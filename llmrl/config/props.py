@@ -243,7 +243,7 @@ def _cpu_trainer() -> GRPOTrainParams:
         reward_weights=None, num_generations=4,
         per_device_train_batch_size=4,  # one prompt's group per step
         gradient_accumulation_steps=1, steps_per_generation=None,
-        max_steps=4,  # one step in each of props.grpo.parts' 4 parts
+        max_steps=4,  # one step in each of dvc.yaml's 4 props_grpo_part parts
         num_train_epochs=1.0,
         max_prompt_tokens=1024,  # the longest function prompts (4-d, 12 points) fit whole
         max_completion_length=32,
@@ -307,10 +307,6 @@ class PropsGRPOParams(Section):
     dtype: ComputeDType = Field("auto", description=DTYPE_HELP)
     threads: int = Field(1, gt=0, description="torch CPU threads (1: LLM decoding gains little from a second "
                                               "thread, and `make repro` runs two one-thread stages side by side)")
-    parts: int = Field(4, ge=1, description="props_grpo_part stages a training run is cut into, each resuming the "
-                                            "previous one's checkpoint, so that no stage runs long (dvc.yaml's "
-                                            "matrix lists the default's; study/dvc.yaml's is generated from the "
-                                            "study's value); at most trainer.max_steps")
     trainer: GRPOTrainParams = Field(default_factory=_cpu_trainer, description="TRL GRPO and LoRA settings "
                                                                                   "(its seed is each item's "
                                                                                   "training seed)")
@@ -319,9 +315,6 @@ class PropsGRPOParams(Section):
     def _distinct_seeds(self) -> PropsGRPOParams:
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: must be distinct, got {self.seeds}")
-        if self.trainer.max_steps is None or self.trainer.max_steps < self.parts:
-            raise ValueError(f"parts: {self.parts} parts need trainer.max_steps >= {self.parts}, "
-                             f"got {self.trainer.max_steps}")
         return self
 
 
