@@ -143,12 +143,17 @@ for argv in json.loads(sys.argv[1]):
 
 def run_stages(root: Path, commands: list[tuple[str, list[str]]], timeout: float = 600) -> str:
     """Every command's ``main`` in turn, in one process with ``root`` as its repository (its stages package, its
-    params.yaml); its output, or an AssertionError with its tail."""
+    params.yaml); its output, or an AssertionError with its tail (or, past ``timeout``, with what finished)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(root))
     env.pop("LLMRL_TIER", None)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for _, argv in commands])], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for _, argv in commands])], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:  # named as the stages' failure, not a dead lane's missing outputs
+        done = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        raise AssertionError(f"stages {[name for name, _ in commands]} ran past {timeout:.0f} s; "
+                             f"finished:\n{done[-3000:]}") from None
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise AssertionError(f"stages {[name for name, _ in commands]} failed ({proc.returncode}):\n{out[-6000:]}")

@@ -58,7 +58,7 @@ def test_a_stage_names_its_arguments_and_refuses_others(name, capsys):
         main(["--help"])
     assert done.value.code == 0 and f"python -m stages.{name}" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:
-        main(["a", "b", "c"])  # no stage takes three arguments
+        main(["a", "b", "c", "d"])  # no stage takes four arguments
     assert refused.value.code == 2
 
 
