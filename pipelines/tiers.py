@@ -75,6 +75,10 @@ def study_report(method: str) -> str:
 
 # Under these folders a study output is git-tracked (the results that carry a claim and their curves).
 TRACKED = ("metrics/", "plots/")
+# Study outputs git-tracked because a later part of the study reads them and no part could rebuild them in its own
+# time: without a shared DVC remote the cache does not travel between machines, and ProPS's published GRPO adapters
+# (7 MB each) take about 2 hours of training; the held-out test and the transfer read them in the next part.
+CARRIED = ("models/props/grpo/",)
 # The default profiles, generated from the models' defaults: the shared sections' file and each method's.
 SHARED = ("base_llm", "demos", "eval_baselines", "report")
 MODELS = {"shared": "llmrl/config/__init__.py and llmrl/config/report.py", "llm_rl": "llmrl/config/llm_rl.py",
@@ -201,10 +205,10 @@ def _under(path: str, outputs: set[str]) -> str | None:
 
 
 def _study_out(item):
-    """A study output: the path under study/, and git-tracked when it is a metric or a plot."""
+    """A study output: the path under study/, and git-tracked when it is a metric, a plot or carried between parts."""
     path = _out_path(item)
     opts = dict(item[path] or {}) if isinstance(item, dict) else {}
-    if path.startswith(TRACKED):
+    if path.startswith(TRACKED + CARRIED):
         opts["cache"] = False
     new = f"{STUDY}/{path}"
     return {new: opts} if opts else new
@@ -230,7 +234,7 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
 # seed) after the same seed's previous part, so a seed's next part never waits for the other seeds' (a matrix value
 # cannot name the seed's own folder); its items keep the matrix's names. A stage that reads the last part follows it:
 # its dependency, and its command's last argument, the chain's length.
-PART_CHAINS: dict[str, tuple[str, int]] = {"props_grpo_part": ("props.grpo.seeds", 8)}
+PART_CHAINS: dict[str, tuple[str, int]] = {"props_grpo_part": ("props.grpo.seeds", 4)}
 
 
 def _rechain(result: dict, name: str, parts: int, seeds: list[int]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -98,6 +99,25 @@ def test_the_study_pipeline_writes_under_study_and_tracks_its_results():
                 assert path.startswith("study/"), (name, path)
                 if path.startswith(("study/metrics/", "study/plots/")):
                     assert isinstance(out, dict) and out[path].get("cache") is False, (name, path)
+
+
+def test_git_ignores_the_studys_cached_outputs_and_keeps_its_git_tracked_ones():
+    """A cache: false output that .gitignore hides is lost with the machine (a later part of the study cannot read
+    ProPS's adapters); a cached one git does not hide gets committed beside its DVC entry."""
+    study = yaml.safe_load((ROOT / "study" / "dvc.yaml").read_text())["stages"]
+    outs = {}
+    for stage in study.values():
+        for kind in ("outs", "metrics", "plots"):
+            for out in stage.get("do", stage).get(kind, []):
+                path = next(iter(out)) if isinstance(out, dict) else out
+                tracked = isinstance(out, dict) and out[path].get("cache") is False
+                outs[re.sub(r"\$\{[^}]*\}", "0", path) + "/file"] = tracked
+    assert any(p.startswith("study/models/") and t for p, t in outs.items())  # the carried adapters
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(outs),
+                          capture_output=True, text=True)
+    ignored = set(proc.stdout.split())
+    assert [p for p, t in outs.items() if t and p in ignored] == []
+    assert [p for p, t in outs.items() if not t and p not in ignored] == []
 
 
 @pytest.mark.parametrize("lock", ["dvc.lock", "study/dvc.lock"])
