@@ -195,6 +195,38 @@ def test_no_placeholder_or_bare_marker_is_left():
     assert not left, f"not rendered (python scripts/docs_sources.py --write): {left}"
 
 
+UPDATE_RULE = re.compile(r"^\*\*The update rule:\*\*.*$", re.M)
+SOURCE_REF = re.compile(r"`(llmrl/[\w/]+\.py)::([\w.]+)`")
+
+
+def _defined(tree: ast.Module, dotted: str) -> ast.AST | None:
+    """The top-level function or class (or a class's method: ``Class.method``) named ``dotted`` in ``tree``."""
+    body, node = tree.body, None
+    for part in dotted.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (DOCS / "methods").glob("*.md")))
+def test_a_method_page_reaches_its_loss_line_in_at_most_five_files(page):
+    """A reader follows the page's update-rule line to the code: every file::name it gives exists, one of them
+    computes or configures the loss, and the page plus those files are at most five."""
+    lines = UPDATE_RULE.findall((DOCS / "methods" / page).read_text())
+    refs = [ref for line in lines for ref in SOURCE_REF.findall(line)]
+    assert refs, f"{page}: no '**The update rule:**' line naming `llmrl/...py::name`"
+    assert 1 + len({file for file, _ in refs}) <= 5, f"{page}: the walk to the loss takes more than 5 files: {refs}"
+    sources = []
+    for file, name in refs:
+        text = (ROOT / file).read_text()
+        node = _defined(ast.parse(text), name)
+        assert node is not None, f"{page}: {file} defines no {name}"
+        sources.append(ast.get_source_segment(text, node))
+    assert any(re.search(r"\bloss\w*\s*=|loss_type", s) for s in sources), f"{page}: no loss line in {refs}"
+
+
 PAGE = """# A page
 
 The model is {{ params.yaml#glam.model }}, wrapped so that the next line opens with one:
