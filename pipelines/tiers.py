@@ -61,7 +61,7 @@ STUDY_STAGES: dict[str, tuple[str, ...]] = {
 STUDY_MINUTES: dict[str, float] = {
     # kalm_ground: one grounding seed per item (~25 min a seed, estimated from the 550-update runs)
     "kalm_data": 1, "kalm_ground": 25, "kalm_gate0": 0.2, "kalm_imagine": 4, "kalm_offline": 18, "kalm_eval": 10,
-    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 20, "props_grpo": 0.5,
+    "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 16, "props_grpo": 0.5,
     "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 14,
     "props_eval": 0.5,
     "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
@@ -77,7 +77,7 @@ def study_report(method: str) -> str:
 TRACKED = ("metrics/", "plots/")
 # Study outputs git-tracked because a later part of the study reads them and no part could rebuild them in its own
 # time: without a shared DVC remote the cache does not travel between machines, and ProPS's published GRPO adapters
-# (7 MB each) take about 2 hours of training; the held-out test and the transfer read them in the next part.
+# (7 MB each) take most of a sitting to train; the held-out test and the transfer read them in the next part.
 CARRIED = ("models/props/grpo/",)
 # The default profiles, generated from the models' defaults: the shared sections' file and each method's.
 SHARED = ("base_llm", "demos", "eval_baselines", "report")
@@ -230,7 +230,7 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
 # A run cut into resumable part stages: the matrix stage (its ``part`` values ``{n, of, after}``: the part, the
 # chain's length, the previous part's folder; its ``seed`` values the runs), the parameter listing its seeds and the
 # study's chain length (the pipeline's shape, as dvc.yaml's 4 parts are the default's: each part stays under the
-# 30-minute stage limit at the study's steps, about 20 min for 50 steps). The study's stage is one item per (part,
+# 30-minute stage limit at the study's steps: 25 steps, about 16 min beside another part on a slower host). The study's stage is one item per (part,
 # seed) after the same seed's previous part, so a seed's next part never waits for the other seeds' (a matrix value
 # cannot name the seed's own folder); its items keep the matrix's names. A stage that reads the last part follows it:
 # its dependency, and its command's last argument, the chain's length.
