@@ -16,7 +16,7 @@ which tier an experiment ran.
 - ``study/params.yaml`` and ``study/dvc.yaml``: the study pipeline (``make study``): the stages of the methods in
   ``STUDY_STAGES``, taken from ``dvc.yaml`` as they are, run with every method at its study profile and writing
   under ``study/`` (``LLMRL_TIER=study``: ``stages/paths.py`` and ``stages/common.py`` read it). Its metrics and
-  plots are git-tracked (``cache: false``), so a fresh clone holds the study's results and
+  plots are git-tracked (``cache: false``; so are the outputs in ``CARRIED``), so a fresh clone holds the study's results and
   ``dvc repro --allow-missing`` (what ``make study`` runs through ``pipelines/reproduce.py``) skips the parts
   already done. ``dvc repro`` of the default pipeline never starts a study stage: they live in another file.
 
