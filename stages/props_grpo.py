@@ -5,7 +5,8 @@
 adapter ``models/props/grpo/<seed>`` (the validation-best one, byte-stable), ``data/props/grpo/<seed>/`` (every
 sampled completion with its rewards, every validation reply, TRL's metrics per step, the selection and the
 rendered first prompt), ``metrics/props/grpo/<seed>.json`` (steps, completions, the validation score at step 0,
-i.e. the base model, and at the selected step, and the shares of training and validation replies that improve on
+i.e. the base model, and at the selected step, the last step's gain over step 0 paired by validation episode with
+its interval, and the shares of training and validation replies that improve on
 their history's best, repeat a history point or fail to parse, first against last) and dvclive curves under
 ``plots/props/grpo/<seed>`` (``train/*`` per step, ``validation/*`` per validation).
 """
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = read_jsonl(state / "rows.jsonl")
     completions = read_jsonl(state / "completions.jsonl")
     validation = read_jsonl(state / "validation.jsonl")
-    summary = grpo_summary(rows, completions, selection["history"], functions=part["data"] == "functions")
+    summary = grpo_summary(rows, completions, selection["history"], functions=part["data"] == "functions",
+                           replies=validation)
     with atomic_path(out.adapter, is_dir=True) as tmp:
         shutil.copytree(state / "best", tmp, dirs_exist_ok=True)
     with atomic_path(out.data, is_dir=True) as tmp:

@@ -29,7 +29,7 @@ from llmrl.config.lora import LoraSettings
 from llmrl.config.props import (PropsFunctionDataParams, PropsGRPOParams, PropsHeldoutParams, PropsSearchParams,
                                 PropsSpaceParams)
 from llmrl.envs.functions import SPLITS, FunctionTask, draw_function, gap_closed, normalised_score
-from llmrl.eval.props_heldout import heldout_table, reply_shares, tuning_gate
+from llmrl.eval.props_heldout import grpo_summary, heldout_table, reply_shares, tuning_gate
 from llmrl.eval.props_heldout_runs import BASELINES, baseline_runs, tune_hill_step
 from llmrl.eval.paired import mean_bootstrap, paired_bootstrap
 from llmrl.llm.load import load_model
@@ -389,6 +389,49 @@ def test_the_tuning_gate_needs_every_seed_above_its_base_without_the_selections_
         tuning_gate([_summary(3, None, 0.3, 0.3, 50)])
     with pytest.raises(ValueError, match="no training seeds"):
         tuning_gate([])
+
+
+def _replies(step, scores):
+    return [{"id": i, "sample": 0, "step": step, "reward_improvement": v} for i, v in enumerate(scores)]
+
+
+def test_grpo_summary_pairs_the_last_validation_with_the_base_by_episode():
+    rates = {"improve_rate": 0.1, "duplicate_rate": 0.2, "parse_failure_rate": 0.1}
+    history = [{"step": 0, "score": 0.1, **rates}, {"step": 50, "score": 0.4, **rates}]
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 0.2, 32)
+    better = grpo_summary([], [], history, functions=True, replies=_replies(0, base) + _replies(50, base + 0.3))
+    assert better["validation_gain_last"]["verdict"] == "higher"
+    assert better["validation_gain_last"]["difference"] == pytest.approx(0.3, abs=1e-3)
+    assert better["validation_items"]["ids"] == list(range(32)) and better["validation_items"]["last_step"] == 50
+    shuffled = grpo_summary([], [], history, functions=True, replies=_replies(0, base) + _replies(50, base[::-1]))
+    assert shuffled["validation_gain_last"]["verdict"] == "no difference"
+    assert "validation_gain_last" not in grpo_summary([], [], history, functions=True)  # no replies recorded
+    with pytest.raises(ValueError, match="different episodes"):
+        grpo_summary([], [], history, functions=True, replies=_replies(0, base) + _replies(50, base[:30]))
+
+
+def test_the_tuning_gate_pools_the_seeds_gains_by_episode():
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0, 0.2, 32)
+
+    def seed(k, last):
+        items = {"ids": list(range(32)), "base": list(base), "last": list(last)}
+        return {**_summary(k, float(base.mean()), float(np.mean(last)), float(np.mean(last)), 50),
+                "validation_items": items}
+
+    # every seed's last step above its base on average, by a reply's worth: the old rule passes, the pooled
+    # interval over the episodes holds 0
+    swing = np.tile([0.2, -0.19], 16)
+    weak = tuning_gate([seed(k, base + np.roll(swing, k)) for k in range(3)])
+    assert weak["last_above_base"] == 3 and weak["selected_after_step_0"] == 3
+    assert weak["validation_gain_last"]["verdict"] == "no difference" and not weak["passed"]
+    strong = tuning_gate([seed(k, base + 0.2 + rng.normal(0, 0.02, 32)) for k in range(3)])
+    assert strong["passed"] and strong["validation_gain_last"]["verdict"] == "higher"
+    other = seed(1, base + 0.2)
+    other["validation_items"] = {**other["validation_items"], "ids": list(range(1, 33))}
+    with pytest.raises(ValueError, match="validation episodes differ"):
+        tuning_gate([seed(0, base + 0.2), other])
 
 
 def _run_row(method, rep, function, score, llm=False):

@@ -24,7 +24,7 @@ import numpy as np
 from llmrl.eval.rliable_stats import iqm, probability_of_improvement
 from llmrl.eval.paired import paired_bootstrap
 
-__all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary", "tuning_gate"]
+__all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary", "validation_items", "tuning_gate"]
 
 
 def reply_shares(rows: Sequence[dict]) -> dict:
@@ -97,11 +97,14 @@ def _rates(rows: Sequence[dict]) -> dict:
 
 
 def grpo_summary(rows: Sequence[dict], completions: Sequence[dict], validations: Sequence[dict], *,
-                 functions: bool) -> dict:
+                 functions: bool, replies: Sequence[dict] = ()) -> dict:
     """What a GRPO run did, from TRL's rows, every recorded completion and every validation (step, score, rates):
     steps, completions, the mean reward at the first and last step, the validation score at step 0 (the base
     model), at the selected step and at the last; for function data the shares of training replies that improve,
-    repeat or fail to parse over the first and the last tenth of the steps."""
+    repeat or fail to parse over the first and the last tenth of the steps, and, from the validation ``replies``
+    (``id``, ``step``, ``reward_improvement``), the last step's gain over the base weights paired by validation
+    episode (``validation_gain_last``, an interval over the episodes) and both steps' per-episode scores
+    (``validation_items``: what ``tuning_gate`` pools over the training seeds)."""
     if not validations:
         raise ValueError("grpo_summary: no validation was recorded")
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
@@ -123,7 +126,30 @@ def grpo_summary(rows: Sequence[dict], completions: Sequence[dict], validations:
             first, last = set(steps[:tenth]), set(steps[-tenth:])
             out["train_replies_first"] = _rates([c for c in completions if c["step"] in first])
             out["train_replies_last"] = _rates([c for c in completions if c["step"] in last])
+        if replies and base is not None:
+            items = validation_items(replies, 0, validations[-1]["step"])
+            out["validation_items"] = items
+            out["validation_gain_last"] = paired_bootstrap(np.array([items["last"]]), np.array([items["base"]]))
     return out
+
+
+def validation_items(replies: Sequence[dict], base_step: int, last_step: int) -> dict:
+    """Per validation episode (``id``, sorted), the mean improvement of its replies at ``base_step`` and at
+    ``last_step``: the same episodes at both steps, or a ``ValueError`` naming the difference."""
+    def scores(step: int) -> dict:
+        per: dict = {}
+        for r in replies:
+            if r["step"] == step:
+                per.setdefault(r["id"], []).append(float(r["reward_improvement"]))
+        return {k: float(np.mean(v)) for k, v in per.items()}
+
+    base, last = scores(base_step), scores(last_step)
+    if not base or set(base) != set(last):
+        raise ValueError(f"validation_items: steps {base_step} and {last_step} replied to different episodes "
+                         f"({len(base)} and {len(last)}; {len(set(base) ^ set(last))} not in both)")
+    ids = sorted(base)
+    return {"ids": ids, "base_step": base_step, "last_step": last_step,
+            "base": [round(base[i], 4) for i in ids], "last": [round(last[i], 4) for i in ids]}
 
 
 def tuning_gate(summaries: Sequence[dict]) -> dict:
@@ -133,7 +159,10 @@ def tuning_gate(summaries: Sequence[dict]) -> dict:
     first and last tenth of the steps.
 
     ``passed``: in every seed the last step's validation score is above the base's and the selection kept a step
-    after 0. The last step is one comparison with no selection behind it; the selected step's score is the best of
+    after 0, and, where the summaries hold their per-episode scores (``validation_items``, the same validation
+    episodes in every seed), the last step's gain over the base paired by episode, seeds and episodes drawn as
+    crossed factors (``validation_gain_last``), has its interval above 0: a gain of one or two replies in 32 per
+    seed is within what resampling the replies gives. The last step is one comparison with no selection behind it; the selected step's score is the best of
     several noisy validations, biased upward, so it is reported but never decides the gate alone. The held-out test
     is the unbiased reading; a null there with a failed gate means the fine-tune did not change the optimizer, with
     a passed gate that what it learned on training functions does not carry to new ones.
@@ -152,7 +181,15 @@ def tuning_gate(summaries: Sequence[dict]) -> dict:
                             for k in ("improve_rate", "duplicate_rate", "parse_failure_rate")
                             if "train_replies_first" in s}})
     gains = [x["validation_last"] - x["validation_base"] for x in per_seed]
-    return {"seeds": len(per_seed), "last_above_base": sum(x["last_above_base"] for x in per_seed),
-            "selected_after_step_0": sum(x["selected_step"] > 0 for x in per_seed),
-            "validation_gain_last_mean": round(float(np.mean(gains)), 4),
-            "passed": all(x["last_above_base"] and x["selected_step"] > 0 for x in per_seed), "per_seed": per_seed}
+    out = {"seeds": len(per_seed), "last_above_base": sum(x["last_above_base"] for x in per_seed),
+           "selected_after_step_0": sum(x["selected_step"] > 0 for x in per_seed),
+           "validation_gain_last_mean": round(float(np.mean(gains)), 4),
+           "passed": all(x["last_above_base"] and x["selected_step"] > 0 for x in per_seed), "per_seed": per_seed}
+    items = [s.get("validation_items") for s in summaries]
+    if all(items):
+        if any(i["ids"] != items[0]["ids"] for i in items):
+            raise ValueError("tuning_gate: the seeds' validation episodes differ; their gains cannot be paired")
+        paired = paired_bootstrap(np.array([i["last"] for i in items]), np.array([i["base"] for i in items]))
+        out["validation_gain_last"] = paired
+        out["passed"] = out["passed"] and paired["verdict"] == "higher"
+    return out
