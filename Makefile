@@ -88,9 +88,10 @@ openssh:
 	@test -x /usr/sbin/sshd || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { apt-get update -qq \
 		>/dev/null && env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
 
-# The suite without its integration tests (under 15 minutes on 2 cores).
+# The suite without its integration tests, a process per core, each test file in one process (its module fixtures
+# built once): 9 min on 2 cores, 16.5 min in one process.
 test: test-setup chromium docs
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration" -n auto --dist loadfile
 
 # The integration tests (CI runs them after `make test`): kills mid-stage and resumes (tests/test_faults_interrupt.py),
 # the pool across hosts made of network namespaces (tests/test_hosts.py), the DAG through Prefect, worker processes,
