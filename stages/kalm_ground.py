@@ -31,7 +31,7 @@ from llmrl.agents.offline_policy import OfflinePolicy
 from llmrl.algos.kalm_grounding import (autocast_dtype, build_samples, evaluate_losses, grounding_spec,
                                         goal_sensitivity, heldout_samples, offline_goal_sensitivity, state_error,
                                         train_grounding, update_steps)
-from llmrl.algos.kalm_offline import bc_algo, build_dataset, make_learnable, train_offline
+from llmrl.algos.kalm_offline import bc_algo, build_dataset, fit_projection, make_learnable, train_offline
 from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.data.trajectories import read_episodes
@@ -53,15 +53,30 @@ REAL = paths.kalm_data().real
 
 def gate_outcomes(benchmark: str, model, train, val, p: KalmGroundParams, seed: int, settings: kl.EnvSettings,
                   table: EmbeddingTable) -> tuple[dict[str, list[bool]], dict]:
-    """Gate 0's episode successes of the grounded model, random actions and BC (trained here on ``train``), and
-    BC's goal sensitivity on the held-out episodes ``val``."""
+    """Gate 0's episode successes of the grounded model, random actions and BC (trained here on ``train``; greedy,
+    and sampled from its action distribution where actions are discrete: a greedy Markov policy that errs at a wall
+    repeats the error until the episode times out, and the grounded model, greedy too, sees its history), on
+    ``kalm.ground.gate_swap_benchmarks`` also the grounded model and the sampled BC under another task's
+    instruction (``*_swapped``: success still judged on the episode's own goal), and BC's goal sensitivity on the
+    held-out episodes ``val``."""
     goals = gate_goals(benchmark)
-    learnable = make_learnable(bc_algo(benchmark, p.gate_bc_steps), seed, p.threads)
-    for _ in train_offline(learnable, build_dataset(train, table, benchmark), p.gate_bc_steps, p.gate_bc_steps):
+    algo = bc_algo(benchmark, p.gate_bc_steps)
+    projection = fit_projection(train, table, algo)
+    learnable = make_learnable(algo, seed, p.threads)
+    for _ in train_offline(learnable, build_dataset(train, table, benchmark, projection), p.gate_bc_steps,
+                           p.gate_bc_steps):
         pass
-    bc = OfflinePolicy(learnable, np.zeros(table.dim, np.float32), name="bc")
+    bc = OfflinePolicy(learnable, np.zeros(table.dim, np.float32), name="bc", projection=projection)
+    instructions = table.lookup([g.instruction for g in goals])
     rows = {"grounded": grounded_act(model, goals), "random": random_act(benchmark, seed),
-            "bc": offline_act(bc, table.lookup([g.instruction for g in goals]))}
+            "bc": offline_act(bc, instructions)}
+    discrete = kl.action_spec(benchmark).discrete
+    if discrete:
+        rows["bc_sampled"] = offline_act(bc, instructions, sample_seed=seed)
+    if benchmark in p.gate_swap_benchmarks:  # each goal's episodes under the next goal's (another task's) instruction
+        rows["grounded_swapped"] = grounded_act(model, goals[1:] + goals[:1])
+        if discrete:
+            rows["bc_sampled_swapped"] = offline_act(bc, np.roll(instructions, -1, axis=0), sample_seed=seed)
     outcomes = closed_loop(rows, goals, settings, p.gate_episodes, p.gate_seed)
     return ({row: [o.success for o in outs] for row, outs in outcomes.items()},
             offline_goal_sensitivity(bc, val, benchmark, table))

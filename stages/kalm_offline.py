@@ -4,9 +4,9 @@ kalm.offline.seeds, ``kalm.offline.workers`` at a time (each alone in a single-t
 Usage: python -m stages.kalm_offline <algo> <real|imagine>, <algo> a key of kalm.offline.algos.
 Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also
 data/kalm/imagine/<benchmark>_<level>.h5 for each of kalm.offline.imagined_levels. Writes, per seed k,
-models/kalm/offline/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; train.json: curve, mix,
-time) and a dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; the item's folders are published
-together.
+models/kalm/offline/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; projection.npz, the
+instruction projection it reads, applied by OfflinePolicy.load's policy; train.json: curve, mix, time) and a
+dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; the item's folders are published together.
 """
 
 import functools
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from llmrl.agents.offline_policy import save_learnable
-from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes, train_offline
+from llmrl.algos.kalm_offline import build_dataset, fit_projection, make_learnable, mix_episodes, train_offline
 from llmrl.config.kalm import KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.fingerprint import fingerprint_line
@@ -51,7 +51,8 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
                "imagined_share": round(stats.imagined_share, 4), "mix_ratio": p.mix_ratio}
         log.info("%s: real + imagined dataset %s", run, mix)
     table = EmbeddingTable.load(REAL / "embeddings.npz")
-    dataset = build_dataset(episodes, table, algo.benchmark)
+    projection = fit_projection(episodes, table, algo)
+    dataset = build_dataset(episodes, table, algo.benchmark, projection)
     learnable = make_learnable(algo, seed, p.threads)
     rows = []
     start = time.perf_counter()
@@ -65,7 +66,8 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     seconds = time.perf_counter() - start
     out = models / f"seed-{seed}"
     out.mkdir(parents=True)
-    save_learnable(learnable, out / "model.d3")  # with its folder's checksums, checked by OfflinePolicy.load
+    # with its folder's checksums, checked by OfflinePolicy.load
+    save_learnable(learnable, out / "model.d3", projection)
     write_json(out / "train.json", {
         "algo": algo.algo, "benchmark": algo.benchmark, "data": data, "seed": seed, "steps": algo.steps,
         "transitions": dataset.transition_count, "episodes": len(episodes), "mix": mix,

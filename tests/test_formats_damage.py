@@ -185,6 +185,7 @@ def model_folders(tmp_path_factory, tiny_llm):
     from llmrl.agents.student import MLPStudent, save_student
     from llmrl.agents.symbolic import SymbolicActorCritic, save_symbolic
     from llmrl.algos.grpo import save_adapter
+    from llmrl.data.embeddings import InstructionProjection
     from llmrl.config.lora import LoraSettings
     from llmrl.llm.grounded import GroundingSpec, build_grounded
     from llmrl.llm.load import save_model
@@ -201,7 +202,8 @@ def model_folders(tmp_path_factory, tiny_llm):
 
     learnable = d3rlpy.algos.DiscreteBCConfig(batch_size=4).create(device=False)
     learnable.create_impl((4,), 2)
-    save_learnable(learnable, root / "d3" / "model.d3")
+    projection = InstructionProjection.fit(np.random.default_rng(0).normal(size=(5, 2)), 2)  # a kalm_offline model's
+    save_learnable(learnable, root / "d3" / "model.d3", projection)
     build = {"model": "tiny", "variant": "lora", "seed": 0}
     save_agent(build_agent(**build), root / "glam_agent", {"build": build, "history": 1})
     save_symbolic(root / "glam_symbolic", {0: SymbolicActorCritic()},

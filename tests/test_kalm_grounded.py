@@ -507,6 +507,18 @@ def test_gate0_pooled_over_seeds_trained_apart():
     assert pooled["random"]["success"] == 0.05 and pooled["bc"]["success"] == 0.5 and pooled["seeds"] == [3, 7]
     assert [(s["seed"], s["passed"]) for s in pooled["per_seed"]] == [(3, True), (7, False)]
     assert pooled["passed"]  # 20 % [15, 26] over 200 episodes against 5 % [3, 8]
+    assert "bc_sampled" not in pooled and "reads_goal" not in pooled  # rows recorded only where they apply
+    # the swapped-instruction control: paired by start over the seeds; a policy blind to its goal shows no difference
+    both = {s: {**rows, "grounded": [True] * 30 + [False] * 70, "grounded_swapped": [False] * 100,
+                "bc_sampled": [True] * 30 + [False] * 70, "bc_sampled_swapped": [True] * 30 + [False] * 70}
+            for s, rows in seeds.items()}
+    pooled = pool_gate0(both)
+    assert pooled["bc_sampled"]["success"] == 0.3 and pooled["bc_sampled"]["episodes"] == 200
+    assert pooled["grounded_swapped"]["success"] == 0.0
+    reads = pooled["reads_goal"]
+    assert reads["grounded"]["difference"] == 0.3 and reads["grounded"]["verdict"] == "higher"
+    assert reads["grounded"]["items"] == 100 and reads["grounded"]["runs"] == [2, 2]
+    assert reads["bc_sampled"]["difference"] == 0.0 and reads["bc_sampled"]["verdict"] == "no difference"
     with pytest.raises(ValueError, match=r"seed 7 has no episodes of \['bc'\]"):
         pool_gate0({**seeds, 7: {**seeds[7], "bc": []}})
     with pytest.raises(ValueError, match="no grounding seed"):

@@ -7,11 +7,11 @@ import collections
 import numpy as np
 import pytest
 
-from llmrl.algos.kalm_offline import build_dataset, make_learnable, mix_episodes, train_offline
-from llmrl.agents.offline_policy import OfflinePolicy, save_learnable
+from llmrl.algos.kalm_offline import build_dataset, fit_projection, make_learnable, mix_episodes, train_offline
+from llmrl.agents.offline_policy import PROJECTION_FILE, OfflinePolicy, save_learnable
 from llmrl.config import ParamsError, load_section
 from llmrl.config.kalm import KalmOfflineParams, OfflineAlgo
-from llmrl.data.embeddings import EmbeddingTable, MissingEmbeddingError
+from llmrl.data.embeddings import EmbeddingTable, InstructionProjection, MissingEmbeddingError
 from llmrl.envs.kalm_episodes import expert_episodes
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
@@ -82,6 +82,54 @@ def test_dataset_flags_every_episode_end_and_appends_the_embedding():
         build_dataset([_episode(3, "pick up the key")], table, "babyai")
 
 
+def _smollm_like(n: int, dim: int = 576, seed: int = 0) -> np.ndarray:
+    """Embeddings shaped like SmolLM2's mean-pooled ones: one dimension with a mean of about 20, the rest small."""
+    x = np.random.default_rng(seed).normal(0.4, 1.0, (n, dim)).astype(np.float32)
+    x[:, 7] += 20.0
+    return x
+
+
+def test_instruction_projection_centres_keeps_k_columns_and_round_trips(tmp_path):
+    x = _smollm_like(12)
+    proj = InstructionProjection.fit(x, 4)
+    y = proj.apply(x)
+    assert y.shape == (12, 4) and y.dtype == np.float32 and proj.input_dim == 576 and proj.dim == 4
+    np.testing.assert_allclose(y.mean(0), 0, atol=1e-4)  # centred: the dominant constant dimension is gone
+    variances = y.var(0)
+    assert np.all(np.diff(variances) <= 1e-6)  # principal components, largest first
+    # the columns are the best rank-4 summary: the residual equals the variance left in the other components
+    residual = ((x - proj.mean) - y @ proj.components.T)
+    assert np.square(residual).sum() < np.square(x - x.mean(0)).sum() * 0.85
+    # signs fixed: the largest entry of each component is positive, so a refit gives the same columns
+    w = proj.components
+    assert np.all(w[np.abs(w).argmax(0), np.arange(4)] > 0)
+    np.testing.assert_array_equal(InstructionProjection.fit(x, 4).apply(x), y)
+    proj.save(tmp_path / "p.npz")
+    np.testing.assert_array_equal(InstructionProjection.load(tmp_path / "p.npz").apply(x), y)
+    # fewer distinct instructions than k: the trailing columns are zero, the input size stays k
+    few = InstructionProjection.fit(x[:3], 8)
+    assert few.apply(x).shape == (12, 8) and np.all(few.apply(x)[:, 2:] == 0)
+    with pytest.raises(ValueError, match="fitted on size 576"):
+        proj.apply(x[:, :100])
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        InstructionProjection.fit(x, 0)
+
+
+def test_dataset_with_projection_holds_the_projected_instruction():
+    texts = ["go to the red box", "go to the red ball", "pick up the blue key"]
+    table = EmbeddingTable(texts, _smollm_like(3))
+    eps = [_episode(5, texts[0]), _episode(6, texts[1]), _episode(4, texts[0])]
+    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=10, instruction_components=2)
+    proj = fit_projection(eps, table, algo)
+    # fitted on the instructions of the data (two here), not on the whole table
+    np.testing.assert_allclose(proj.mean, table.embeddings[:2].mean(0), rtol=1e-5)
+    ds = build_dataset(eps, table, "babyai", proj)
+    d = kl.obs_dim("babyai")
+    assert ds.episodes[0].observations.shape == (5, d + 2)
+    np.testing.assert_allclose(ds.episodes[1].observations[0, d:], proj.apply(table.get(texts[1])), rtol=1e-6)
+    assert fit_projection(eps, table, algo.model_copy(update={"instruction_components": 0})) is None
+
+
 def test_wrong_observation_size_raises_before_training():
     table = EmbeddingTable(["go to the red box"], np.ones((1, 4), np.float32))
     with pytest.raises(kl.ObservationSizeError, match="observations/obs"):
@@ -126,24 +174,50 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
     # beta=0: no logit regularisation, so the loss is the imitation loss alone (d3rlpy's default 0.5 adds ~1.2)
     algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=3000,
                        config={"batch_size": 64, "learning_rate": 1e-3, "beta": 0.0})
+    projection = fit_projection(episodes, table, algo)
     learnable = make_learnable(algo, seed=0)
-    rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai"), algo.steps, log_every=600))
+    rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai", projection), algo.steps,
+                              log_every=600))
     assert [r["step"] for r in rows] == [600, 1200, 1800, 2400, 3000]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
     pool = kl.GoalEnvPool(settings)
     embeds = table.lookup([g.instruction for g in goals])
-    policy = OfflinePolicy(learnable, embeds[0])
+    policy = OfflinePolicy(learnable, embeds[0], projection=projection)
     trained = np.mean([o.success for o in run_level(offline_act(policy, embeds), goals, pool, 10, 20_000)])
     rand = np.mean([o.success for o in run_level(random_act("babyai", 0), goals, pool, 10, 20_000)])
     assert trained >= rand + 0.15, (trained, rand)  # measured: 0.625 at 3000 updates, random 0.15
     # save -> d3rlpy.load_learnable round trip gives the same actions
-    save_learnable(learnable, tmp_path / "model.d3")
+    save_learnable(learnable, tmp_path / "model.d3", projection)
+    assert PROJECTION_FILE in (tmp_path / "SHA256SUMS").read_text()
     loaded = OfflinePolicy.load(tmp_path / "model.d3", embeds[0])
+    assert loaded.projection is not None  # the raw table embedding goes in; the model reads its projection
     x = np.stack([e.observations["obs"][0] for e in episodes[:8]])
     np.testing.assert_array_equal(loaded.act_batch(x, embeds[[0] * 8]), policy.act_batch(x, embeds[[0] * 8]))
     assert isinstance(d3rlpy.load_learnable(str(tmp_path / "model.d3")), type(learnable))
+    # the action distribution a sampled evaluation draws from: its arg-max is d3rlpy's greedy action
+    probs = loaded.action_probs(x, embeds[[0] * 8])
+    np.testing.assert_allclose(probs.sum(1), 1, rtol=1e-5)
+    np.testing.assert_array_equal(probs.argmax(1), policy.act_batch(x, embeds[[0] * 8]))
+    sampled = np.mean([o.success for o in run_level(offline_act(policy, embeds, sample_seed=0), goals, pool, 10,
+                                                    20_000)])
+    assert sampled >= rand + 0.15, (sampled, rand)
+    again = run_level(offline_act(policy, embeds, sample_seed=0), goals, pool, 10, 20_000)
+    other = run_level(offline_act(policy, embeds, sample_seed=1), goals, pool, 10, 20_000)
+    assert [o.length for o in again] == [o.length for o in run_level(offline_act(policy, embeds, sample_seed=0),
+                                                                     goals, pool, 10, 20_000)]
+    assert [o.length for o in again] != [o.length for o in other]
     with pytest.raises(ValueError, match="input size"):
         policy.act_batch(x[:, :39], embeds[[0] * 8])
+
+
+def test_sampled_actions_need_a_discrete_imitation_policy(tiny_goto):
+    _goals, _settings, episodes, table = tiny_goto
+    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteCQL", steps=10, config={"batch_size": 16})
+    learnable = make_learnable(algo, 0)
+    list(train_offline(learnable, build_dataset(episodes[:5], table, "babyai"), algo.steps, 10))
+    x = episodes[0].observations["obs"][:2]
+    with pytest.raises(ValueError, match="sampled actions need a discrete imitation policy"):
+        OfflinePolicy(learnable, table.embeddings[0], name="dcql").action_probs(x, table.embeddings[[0, 0]])
 
 
 def test_training_is_deterministic_per_seed(tiny_goto):

@@ -1,8 +1,11 @@
 """A d3rlpy policy conditioned on a frozen instruction embedding, usable by the evaluation harness.
 
 The input is the flat observation followed by the instruction's embedding (the layout
-``llmrl.algos.kalm_offline.build_dataset`` trains on). d3rlpy's ``predict`` is greedy (the mean action of a
-continuous policy, the arg-max of a discrete one), so this policy has no sampled mode.
+``llmrl.algos.kalm_offline.build_dataset`` trains on), projected by the model's ``InstructionProjection`` when it
+was trained with one (``projection.npz`` beside the model: callers pass the raw table embedding either way).
+d3rlpy's ``predict`` is greedy (the mean action of a continuous policy, the arg-max of a discrete one); a DiscreteBC
+policy's action distribution is ``action_probs``, what a sampled evaluation draws from
+(``llmrl.eval.kalm.offline_act``).
 """
 
 from __future__ import annotations
@@ -14,17 +17,23 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["OfflinePolicy", "save_learnable"]
+from llmrl.data.embeddings import InstructionProjection
+
+__all__ = ["OfflinePolicy", "save_learnable", "PROJECTION_FILE"]
+
+PROJECTION_FILE = "projection.npz"
 
 
 class OfflinePolicy:
     """Harness ``Policy`` for one instruction; ``act_batch`` serves lockstep evaluation of many episodes."""
 
-    def __init__(self, learnable, embedding: np.ndarray, name: str = "offline", obs_dim: int | None = None):
+    def __init__(self, learnable, embedding: np.ndarray, name: str = "offline", obs_dim: int | None = None,
+                 projection: InstructionProjection | None = None):
         self.learnable = learnable
         self.embedding = np.asarray(embedding, dtype=np.float32).reshape(-1)
         self.name = name
         self.obs_dim = obs_dim
+        self.projection = projection
 
     @classmethod
     def load(cls, path: str | os.PathLike, embedding: np.ndarray, name: str = "offline") -> OfflinePolicy:
@@ -34,11 +43,15 @@ class OfflinePolicy:
 
         from llmrl.files import verify_checksums
 
-        verify_checksums(Path(path).parent, [Path(path).name])
-        return cls(d3rlpy.load_learnable(str(path), device=False), embedding, name)
+        path = Path(path)
+        projection_file = path.parent / PROJECTION_FILE
+        has_projection = projection_file.is_file()
+        verify_checksums(path.parent, [path.name] + ([PROJECTION_FILE] if has_projection else []))
+        projection = InstructionProjection.load(projection_file) if has_projection else None
+        return cls(d3rlpy.load_learnable(str(path), device=False), embedding, name, projection=projection)
 
     def with_instruction(self, embedding: np.ndarray) -> OfflinePolicy:
-        return OfflinePolicy(self.learnable, embedding, self.name, self.obs_dim)
+        return OfflinePolicy(self.learnable, embedding, self.name, self.obs_dim, self.projection)
 
     def reset(self, env: gym.Env, seed: int) -> None:
         pass  # greedy and stateless
@@ -48,20 +61,46 @@ class OfflinePolicy:
 
     def act_batch(self, obs: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
         """Actions for ``obs`` [n, d] under per-row instruction ``embeddings`` [n, e]."""
-        x = np.concatenate([np.asarray(obs, dtype=np.float32), np.asarray(embeddings, dtype=np.float32)], 1)
+        return self.learnable.predict(self._input(obs, embeddings))
+
+    def action_probs(self, obs: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
+        """The action distribution [n, actions] of a discrete imitation policy (d3rlpy's DiscreteBC) for ``obs``
+        under ``embeddings``: what a sampled evaluation draws from. d3rlpy's own ``sample_action`` is the arg-max for
+        BC, so the logits are read from its imitator; other algorithms raise ``ValueError``."""
+        import torch
+        from d3rlpy.models.torch import CategoricalPolicy
+
+        imitator = getattr(getattr(self.learnable.impl, "modules", None), "imitator", None)
+        if not isinstance(imitator, CategoricalPolicy):
+            raise ValueError(f"OfflinePolicy {self.name}: sampled actions need a discrete imitation policy "
+                             f"(DiscreteBC), not {type(self.learnable).__name__}")
+        x = torch.as_tensor(self._input(obs, embeddings))
+        with torch.no_grad():
+            if self.learnable.observation_scaler is not None:
+                x = self.learnable.observation_scaler.transform(x)
+            return torch.softmax(imitator(x).logits, dim=-1).numpy()
+
+    def _input(self, obs: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
+        embeddings = np.asarray(embeddings, dtype=np.float32)
+        if self.projection is not None:
+            embeddings = self.projection.apply(embeddings)
+        x = np.concatenate([np.asarray(obs, dtype=np.float32), embeddings], 1)
         expected = self.learnable.observation_shape[0] if self.learnable.impl is not None else x.shape[1]
         if x.shape[1] != expected:
             raise ValueError(f"OfflinePolicy {self.name}: input size {x.shape[1]} (obs {obs.shape[1]} + "
-                             f"embedding {embeddings.shape[1]}) but the model takes {expected}")
-        return self.learnable.predict(x)
+                             f"instruction {embeddings.shape[1]}) but the model takes {expected}")
+        return x
 
 
-def save_learnable(learnable, path: str | os.PathLike) -> None:
-    """d3rlpy's ``save`` to ``path`` (a pickle that carries no checksum), then the checksums of its folder
-    (``SHA256SUMS``), which ``OfflinePolicy.load`` checks before unpickling."""
+def save_learnable(learnable, path: str | os.PathLike, projection: InstructionProjection | None = None) -> None:
+    """d3rlpy's ``save`` to ``path`` (a pickle that carries no checksum) and the instruction ``projection`` it was
+    trained with beside it, then the checksums of its folder (``SHA256SUMS``), which ``OfflinePolicy.load`` checks
+    before unpickling."""
     from llmrl.files import write_checksums
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     learnable.save(str(path))
+    if projection is not None:
+        projection.save(path.parent / PROJECTION_FILE)
     write_checksums(path.parent)

@@ -1,8 +1,10 @@
 """KALM's offline RL: d3rlpy on real (and imagined) episodes, the policy input = observation + instruction embedding.
 
 Dataset: each step's input is the observation (``observations["obs"]``) followed by the frozen embedding of the
-episode's instruction (``llmrl.llm.embed.EmbeddingTable``), built through ``llmrl.data.trajectories.to_d3rlpy``,
-which flags every episode's end (d3rlpy silently drops the steps after an episode's last terminal/timeout flag).
+episode's instruction (``llmrl.llm.embed.EmbeddingTable``), by default its first principal components
+(``fit_projection``; the algorithm's ``instruction_components``) with the whole input standardised
+(``standardise``), built through ``llmrl.data.trajectories.to_d3rlpy``, which flags every episode's end (d3rlpy
+silently drops the steps after an episode's last terminal/timeout flag).
 The mixed dataset is all real episodes plus imagined ones drawn in a seeded order, each at most once, until imagined
 transitions make up ``mix_ratio`` of the total or none are left (``mix_episodes``; the realised share and the
 counts offered and used are reported).
@@ -25,9 +27,9 @@ import numpy as np
 from llmrl.config.kalm import OfflineAlgo
 from llmrl.data.trajectories import Episode, to_d3rlpy
 from llmrl.envs import kalm_levels as kl
-from llmrl.data.embeddings import EmbeddingTable
+from llmrl.data.embeddings import EmbeddingTable, InstructionProjection
 
-__all__ = ["quiet_d3rlpy", "MixStats", "mix_episodes", "build_dataset", "bc_algo", "make_learnable", "train_offline"]
+__all__ = ["quiet_d3rlpy", "MixStats", "mix_episodes", "fit_projection", "build_dataset", "bc_algo", "make_learnable", "train_offline"]
 
 
 def quiet_d3rlpy() -> None:
@@ -76,14 +78,31 @@ def mix_episodes(real: Sequence[Episode], imagined: Sequence[Episode], mix_ratio
     return list(real) + chosen, MixStats(real_steps, steps, len(chosen), len(imagined))
 
 
-def build_dataset(episodes: Sequence[Episode], table: EmbeddingTable, benchmark: str):
-    """d3rlpy ``MDPDataset`` of obs ⊕ instruction embedding; wrong observation sizes raise ``ObservationSizeError``."""
+def fit_projection(episodes: Sequence[Episode], table: EmbeddingTable, algo: OfflineAlgo
+                   ) -> InstructionProjection | None:
+    """``algo.instruction_components`` principal components of the embeddings of the distinct instructions of
+    ``episodes`` (the data the learner trains on: real, and imagined ones for new goals, whose directions a fit on
+    real instructions alone would drop); None when the algorithm reads the raw embedding."""
+    if not algo.instruction_components:
+        return None
+    return InstructionProjection.fit(table.lookup(sorted({ep.mission for ep in episodes})),
+                                     algo.instruction_components)
+
+
+def build_dataset(episodes: Sequence[Episode], table: EmbeddingTable, benchmark: str,
+                  projection: InstructionProjection | None = None):
+    """d3rlpy ``MDPDataset`` of obs ⊕ instruction embedding (``projection`` of it when given); wrong observation
+    sizes raise ``ObservationSizeError``."""
     for ep in episodes:
         kl.check_obs(benchmark, ep.observations["obs"], f"episode {ep.env_id!r} seed {ep.seed} observations/obs")
     quiet_d3rlpy()
     spec = kl.action_spec(benchmark)
-    return to_d3rlpy(episodes, ["obs"], discrete=spec.discrete, condition=lambda ep: table.get(ep.mission),
-                     action_size=spec.n)
+
+    def condition(ep: Episode) -> np.ndarray:
+        vector = table.get(ep.mission)
+        return vector if projection is None else projection.apply(vector)
+
+    return to_d3rlpy(episodes, ["obs"], discrete=spec.discrete, condition=condition, action_size=spec.n)
 
 
 def bc_algo(benchmark: str, steps: int) -> OfflineAlgo:

@@ -76,6 +76,11 @@ class OfflineAlgo(Section):
     steps: int = Field(gt=0, description="gradient updates per run")
     config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of "
                                    "d3rlpy.algos.<algo>Config (batch_size, learning rates, alpha, ...)")
+    instruction_components: int = Field(8, ge=0, description="principal components of the instruction embedding "
+                                        "in the policy's input (llmrl.data.embeddings.InstructionProjection, fitted "
+                                        "on the training data's instructions); 0: the raw embedding")
+    standardise: bool = Field(True, description="standardise the input (observation and instruction columns) with "
+                              "d3rlpy's StandardObservationScaler, fitted on the training data")
 
     @model_validator(mode="after")
     def _check(self) -> OfflineAlgo:
@@ -91,8 +96,9 @@ class OfflineAlgo(Section):
         import d3rlpy
 
         cls = getattr(d3rlpy.algos, f"{self.algo}Config")
+        scaler = {"observation_scaler": d3rlpy.preprocessing.StandardObservationScaler()} if self.standardise else {}
         try:
-            return cls(**self.config)
+            return cls(**scaler, **self.config)
         except TypeError as err:
             raise ValueError(f"config: not valid for d3rlpy.algos.{self.algo}Config ({err})") from None
 
@@ -218,6 +224,11 @@ class KalmGroundParams(Section):
                            "initial-state range, llmrl.envs.kalm_levels.START_SPLITS)")
     gate_bc_steps: int = Field(2000, gt=0, description="updates of gate 0's BC reference (d3rlpy BC / DiscreteBC, "
                                "batch 64, lr 1e-3) on the grounding's real data, one run per grounding seed")
+    gate_swap_benchmarks: list[BenchmarkName] = Field(
+        default_factory=lambda: ["babyai"], description="benchmarks whose gate 0 also runs the grounded model (and "
+        "the sampled BC) under another task's instruction from the same starts: the control that says whether a "
+        "pass comes from reading the goal (paired difference over starts and seeds). Meta-World is left out by "
+        "default: its study item (grounding ~1,135 s + gate ~400 s) would pass the 30-minute stage limit")
     threads: int = Field(1, gt=0, description="torch threads (2 OpenMP threads on the shared 2-core box ran 40x "
                                               "slower under load)")
     log_every: int = Field(10, gt=0, description="updates between logged rows (every row goes to dvclive)")

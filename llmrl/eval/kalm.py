@@ -35,6 +35,7 @@ import numpy as np
 
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
+from llmrl.eval.paired import paired_bootstrap
 from llmrl.eval.stats import compare_intervals, wilson_interval
 
 __all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
@@ -78,11 +79,21 @@ def run_level(act: BatchAct, goals: Sequence[kl.Goal], pool: kl.GoalEnvPool, per
             for j in range(episodes)]
 
 
-def offline_act(policy, embeddings: np.ndarray) -> BatchAct:
-    """A ``BatchAct`` from an ``OfflinePolicy``; ``embeddings[g]`` is goal g's instruction embedding."""
-    def act(obs, goals, _episodes):
-        return policy.act_batch(obs, embeddings[goals])
-    return act
+def offline_act(policy, embeddings: np.ndarray, sample_seed: int | None = None) -> BatchAct:
+    """A ``BatchAct`` from an ``OfflinePolicy``; ``embeddings[g]`` is goal g's instruction embedding. Greedy, or
+    with ``sample_seed`` drawn from the policy's action distribution (``OfflinePolicy.action_probs``: DiscreteBC),
+    seeded per episode as ``random_act``."""
+    if sample_seed is None:
+        def act(obs, goals, _episodes):
+            return policy.act_batch(obs, embeddings[goals])
+        return act
+    rngs: dict[int, np.random.Generator] = {}
+
+    def sampled(obs, goals, episodes):
+        probs = policy.action_probs(obs, embeddings[goals])
+        return np.asarray([rngs.setdefault(int(j), np.random.default_rng([sample_seed, int(j)])).choice(
+            probs.shape[1], p=row / row.sum()) for j, row in zip(episodes, probs.astype(np.float64), strict=True)])
+    return sampled
 
 
 def random_act(benchmark: str, seed: int) -> BatchAct:
@@ -275,15 +286,19 @@ def gate0(grounded: Sequence[Sequence[bool]], random: Sequence[bool], confidence
             "rule": "grounded Wilson lower bound > random Wilson upper bound", "confidence": confidence}
 
 
-GATE_ROWS = ("grounded", "random", "bc")
+GATE_ROWS = ("grounded", "random", "bc")  # every gate has them
+# where actions are discrete, and where kalm.ground.gate_swap_benchmarks asks for the swapped-instruction control
+GATE_OPTIONAL = ("bc_sampled", "grounded_swapped", "bc_sampled_swapped")
 
 
 def pool_gate0(seeds: dict[int, dict[str, Sequence[bool]]], confidence: float = 0.95) -> dict:
     """Gate 0 over grounding seeds trained apart (one kalm_ground item each): ``seeds`` maps each grounding seed
     to its episode successes per row (``grounded``, ``random``, ``bc``; every seed plays the same goals and
     starts). The verdict is ``gate0`` on the seeds' grounded episodes against every seed's random episodes, each
-    seed's own verdict labelled with its seed; BC's episodes are pooled alike, as the reference of what the same
-    real data teaches."""
+    seed's own verdict labelled with its seed; BC's episodes (greedy, and sampled where every seed has them) are
+    pooled alike, as the reference of what the same real data teaches, and so are the swapped-instruction rows,
+    with ``reads_goal``: the paired difference of each row under its own instruction and another task's
+    (``paired_bootstrap``, starts as items and seeds as runs; "higher" only where the goal's text is read)."""
     if not seeds:
         raise ValueError("pool_gate0: no grounding seed")
     for seed, rows in seeds.items():
@@ -293,8 +308,15 @@ def pool_gate0(seeds: dict[int, dict[str, Sequence[bool]]], confidence: float = 
     verdict = gate0([rows["grounded"] for rows in seeds.values()],
                     [f for rows in seeds.values() for f in rows["random"]], confidence)
     verdict["per_seed"] = [{"seed": seed, **v} for seed, v in zip(seeds, verdict["per_seed"])]
-    return {**verdict, "bc": success_summary([f for rows in seeds.values() for f in rows["bc"]], confidence),
-            "seeds": list(seeds)}
+    optional = [row for row in ("bc", *GATE_OPTIONAL) if all(rows.get(row) for rows in seeds.values())]
+    pooled = {row: success_summary([f for rows in seeds.values() for f in rows[row]], confidence) for row in optional}
+    # own instruction against another task's, paired by start (every seed plays the same starts: items = starts,
+    # runs = seeds, llmrl.eval.paired)
+    reads_goal = {row: paired_bootstrap(np.asarray([rows[row] for rows in seeds.values()], float),
+                                        np.asarray([rows[f"{row}_swapped"] for rows in seeds.values()], float),
+                                        confidence=confidence)
+                  for row in ("grounded", "bc_sampled") if f"{row}_swapped" in optional}
+    return {**verdict, **pooled, **({"reads_goal": reads_goal} if reads_goal else {}), "seeds": list(seeds)}
 
 
 def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path]], table, levels: Sequence[str],

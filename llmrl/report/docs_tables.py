@@ -468,6 +468,12 @@ def kalm_imagination_table(root: Path, tier: str = "") -> DocTable:
          ("imagines", "imagines"), ("first-step MAE", "first_step_mae"), ("last-step MAE", "last_step_mae")])
 
 
+# gate 0's rows in the order read: the grounded model and its control, BC (greedy, sampled, sampled's control), random
+GATE0_ROWS = {"grounded": "`grounded`", "grounded_swapped": "`grounded`, another task's instruction",
+              "bc": "`bc` greedy", "bc_sampled": "`bc` sampled",
+              "bc_sampled_swapped": "`bc` sampled, another task's instruction", "random": "`random`"}
+
+
 def kalm_grounding_tables(root: Path, tier: str = "") -> list[DocTable]:
     """KALM's grounding, read before imagination: gate 0 per benchmark (the grounded model as a policy on training
     goals from validation starts, beside random actions and BC on the same real data; Wilson intervals over the
@@ -477,8 +483,10 @@ def kalm_grounding_tables(root: Path, tier: str = "") -> list[DocTable]:
     rows = []
     for path in _files(root, gates):
         rel = f"{gates}/{path.name}"
-        for row in ("grounded", "bc", "random"):
-            rows.append([label(path.stem), label(f"`{row}`"),
+        recorded = json.loads(path.read_text()).get("gate0", {})
+        for row in [r for r in GATE0_ROWS if r in recorded]:
+            name = GATE0_ROWS[row]
+            rows.append([label(path.stem), label(name),
                          Cell((figure(root, rel, ("gate0", row, "success")), " [",
                                figure(root, rel, ("gate0", row, "ci_low")), ", ",
                                figure(root, rel, ("gate0", row, "ci_high")), "]")),
@@ -486,8 +494,10 @@ def kalm_grounding_tables(root: Path, tier: str = "") -> list[DocTable]:
                          Cell((figure(root, rel, ("gate0", "passed"), "yesno"),)) if row == "grounded" else label("")])
     gate = DocTable(f"kalm-{tier.replace('/', '-')}gate0", "Gate 0: does the grounded model act? Its closed-loop "
                     "success on training goals from validation starts (real simulator, no imagination), pooled over "
-                    "the grounding seeds, beside BC trained on the same real data and random actions from the same "
-                    "starts; passed only where the grounded interval lies wholly above random's.", [f"{gates}/*.json"],
+                    "the grounding seeds, beside BC trained on the same real data (greedy, and on BabyAI also sampled "
+                    "from its action distribution), random actions from the same starts and, where recorded, the "
+                    "same policies under another task's instruction (success still on the own goal); passed only "
+                    "where the grounded interval lies wholly above random's.", [f"{gates}/*.json"],
                     ["benchmark", "policy", "success [95 % CI]", "episodes", "gate 0 passed"], rows)
     ground = f"{tier}metrics/kalm/ground"
     rows = []
