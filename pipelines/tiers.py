@@ -77,8 +77,11 @@ def study_report(method: str) -> str:
 TRACKED = ("metrics/", "plots/")
 # Study outputs git-tracked because a later part of the study reads them and no part could rebuild them in its own
 # time: without a shared DVC remote the cache does not travel between machines, and ProPS's published GRPO adapters
-# (7 MB each) take most of a sitting to train; the held-out test and the transfer read them in the next part.
-CARRIED = ("models/props/grpo/",)
+# (7 MB each) take most of a sitting to train; the held-out test and the transfer read them in the next part. The
+# ProPS searches' records (tens of kB each) are what props_eval and props_heldout read: carried, a sitting that runs
+# the transfer need not also re-run every control-task search to report it.
+CARRIED = ("models/props/grpo/", "data/props/search/", "data/props/baselines", "data/props/quadratic",
+           "data/props/transfer/", "data/props/heldout/")
 # The default profiles, generated from the models' defaults: the shared sections' file and each method's.
 SHARED = ("base_llm", "demos", "eval_baselines", "report")
 MODELS = {"shared": "llmrl/config/__init__.py and llmrl/config/report.py", "llm_rl": "llmrl/config/llm_rl.py",
