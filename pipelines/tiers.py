@@ -78,8 +78,8 @@ TRACKED = ("metrics/", "plots/")
 # Study outputs git-tracked because a later part of the study reads them and no part could rebuild them in its own
 # time: without a shared DVC remote the cache does not travel between machines, and ProPS's published GRPO adapters
 # (7 MB each) take most of a sitting to train; the held-out test and the transfer read them in the next part. The
-# ProPS searches' records (tens of kB each) are what props_eval and props_heldout read: carried, a sitting that runs
-# the transfer need not also re-run every control-task search to report it.
+# ProPS searches' records (60 kB to 2 MB an item) are what props_eval and props_heldout read: carried, a sitting
+# that runs the transfer need not also re-run every control-task search to report it.
 CARRIED = ("models/props/grpo/", "data/props/search/", "data/props/baselines", "data/props/quadratic",
            "data/props/transfer/", "data/props/heldout/")
 # The default profiles, generated from the models' defaults: the shared sections' file and each method's.

@@ -36,7 +36,8 @@ from llmrl.config.kalm import KalmEnvParams, KalmGroundParams
 from llmrl.data.embeddings import EmbeddingTable
 from llmrl.data.trajectories import read_episodes
 from llmrl.envs import kalm_levels as kl
-from llmrl.eval.kalm import closed_loop, gate_goals, grounded_act, offline_act, random_act, success_summary
+from llmrl.eval.kalm import (closed_loop, gate_goals, grounded_act, offline_act, random_act, success_summary,
+                             swapped_goals)
 from llmrl.fingerprint import fingerprint_line
 from llmrl.files import atomic_path, write_json
 from llmrl.llm.grounded import build_grounded
@@ -73,10 +74,12 @@ def gate_outcomes(benchmark: str, model, train, val, p: KalmGroundParams, seed: 
     discrete = kl.action_spec(benchmark).discrete
     if discrete:
         rows["bc_sampled"] = offline_act(bc, instructions, sample_seed=seed)
-    if benchmark in p.gate_swap_benchmarks:  # each goal's episodes under the next goal's (another task's) instruction
-        rows["grounded_swapped"] = grounded_act(model, goals[1:] + goals[:1])
+    if benchmark in p.gate_swap_benchmarks:  # each goal's episodes under another task's instruction
+        swapped = swapped_goals(goals)
+        rows["grounded_swapped"] = grounded_act(model, swapped)
         if discrete:
-            rows["bc_sampled_swapped"] = offline_act(bc, np.roll(instructions, -1, axis=0), sample_seed=seed)
+            rows["bc_sampled_swapped"] = offline_act(bc, table.lookup([g.instruction for g in swapped]),
+                                                     sample_seed=seed)
     outcomes = closed_loop(rows, goals, settings, p.gate_episodes, p.gate_seed)
     return ({row: [o.success for o in outs] for row, outs in outcomes.items()},
             offline_goal_sensitivity(bc, val, benchmark, table))

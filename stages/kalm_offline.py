@@ -36,6 +36,8 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     algo = p.algos[name]
     run = f"{name}-{data}-{seed}"
     episodes = read_episodes(REAL / f"{algo.benchmark}.h5")
+    table = EmbeddingTable.load(REAL / "embeddings.npz")
+    projection = fit_projection(episodes, table, algo)  # on the real training instructions, for both arms
     mix = None
     if data == "imagine":
         imagined = []
@@ -50,8 +52,6 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
                "imagined_passed": stats.imagined_available, "imagined_used": stats.imagined_episodes,
                "imagined_share": round(stats.imagined_share, 4), "mix_ratio": p.mix_ratio}
         log.info("%s: real + imagined dataset %s", run, mix)
-    table = EmbeddingTable.load(REAL / "embeddings.npz")
-    projection = fit_projection(episodes, table, algo)
     dataset = build_dataset(episodes, table, algo.benchmark, projection)
     learnable = make_learnable(algo, seed, p.threads)
     rows = []

@@ -517,12 +517,30 @@ def test_gate0_pooled_over_seeds_trained_apart():
     assert pooled["grounded_swapped"]["success"] == 0.0
     reads = pooled["reads_goal"]
     assert reads["grounded"]["difference"] == 0.3 and reads["grounded"]["verdict"] == "higher"
-    assert reads["grounded"]["items"] == 100 and reads["grounded"]["runs"] == [2, 2]
+    assert reads["grounded"]["starts"] == 100 and reads["grounded"]["seeds"] == 2
+    assert reads["grounded"]["starts_higher"] == 30 and reads["grounded"]["starts_lower"] == 0
     assert reads["bc_sampled"]["difference"] == 0.0 and reads["bc_sampled"]["verdict"] == "no difference"
+    # the difference is taken within each seed: seeds that differ from each other do not widen it
+    uneven = {3: {**both[3], "grounded": [True] * 60 + [False] * 40, "grounded_swapped": [True] * 50 + [False] * 50},
+              7: {**both[7], "grounded": [True] * 10 + [False] * 90, "grounded_swapped": [False] * 100}}
+    assert pool_gate0(uneven)["reads_goal"]["grounded"]["verdict"] == "higher"
     with pytest.raises(ValueError, match=r"seed 7 has no episodes of \['bc'\]"):
         pool_gate0({**seeds, 7: {**seeds[7], "bc": []}})
     with pytest.raises(ValueError, match="no grounding seed"):
         pool_gate0({})
+
+
+@pytest.mark.parametrize("benchmark", ["babyai", "metaworld"])
+def test_swapped_goals_share_nothing_with_the_own_goal(benchmark):
+    from llmrl.eval.kalm import gate_goals, swapped_goals
+
+    goals = gate_goals(benchmark)
+    swapped = swapped_goals(goals)
+    assert len(swapped) == len(goals) and all(s.task != g.task for g, s in zip(goals, swapped, strict=True))
+    if benchmark == "babyai":  # first steps differ in verb, colour and object type
+        for g, s in zip(goals, swapped, strict=True):
+            assert all(a != b for a, b in zip(g.task.split(">")[0].split(":"), s.task.split(">")[0].split(":"),
+                                              strict=True)), (g.task, s.task)
 
 
 def test_gate0_plays_training_goals_from_validation_starts():

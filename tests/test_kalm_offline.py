@@ -13,6 +13,7 @@ from llmrl.config import ParamsError, load_section
 from llmrl.config.kalm import KalmOfflineParams, OfflineAlgo
 from llmrl.data.embeddings import EmbeddingTable, InstructionProjection, MissingEmbeddingError
 from llmrl.envs.kalm_episodes import expert_episodes
+from llmrl.files import DamagedFileError
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
 from llmrl.eval.kalm import offline_act, random_act, run_level
@@ -146,6 +147,10 @@ def test_params_validate_d3rlpy_config_and_levels():
     with pytest.raises(ParamsError, match="does not fit"):
         load_section({"kalm": {"offline": {"algos": {"b": {"benchmark": "babyai", "algo": "TD3PlusBC",
                                                              "steps": 10}}}}}, "kalm.offline", KalmOfflineParams)
+    with pytest.raises(ParamsError, match="observation_scaler is set by standardise"):
+        load_section({"kalm": {"offline": {"algos": {"b": {"benchmark": "babyai", "algo": "DiscreteBC", "steps": 10,
+                                                             "config": {"observation_scaler": None}}}}}},
+                     "kalm.offline", KalmOfflineParams)
     with pytest.raises(ParamsError, match="imagined_levels"):
         load_section({"kalm": {"offline": {**ok, "imagined_levels": ["medium"]}}}, "kalm.offline",
                      KalmOfflineParams)
@@ -189,6 +194,11 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
     # save -> d3rlpy.load_learnable round trip gives the same actions
     save_learnable(learnable, tmp_path / "model.d3", projection)
     assert PROJECTION_FILE in (tmp_path / "SHA256SUMS").read_text()
+    kept = (tmp_path / PROJECTION_FILE).read_bytes()
+    (tmp_path / PROJECTION_FILE).unlink()  # listed in the manifest: its loss is named, not a size mismatch later
+    with pytest.raises(DamagedFileError, match=PROJECTION_FILE):
+        OfflinePolicy.load(tmp_path / "model.d3", embeds[0])
+    (tmp_path / PROJECTION_FILE).write_bytes(kept)
     loaded = OfflinePolicy.load(tmp_path / "model.d3", embeds[0])
     assert loaded.projection is not None  # the raw table embedding goes in; the model reads its projection
     x = np.stack([e.observations["obs"][0] for e in episodes[:8]])

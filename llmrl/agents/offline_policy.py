@@ -41,11 +41,15 @@ class OfflinePolicy:
         pickle with no checksum: a damaged one is a ``DamagedFileError`` naming it, never unpickled)."""
         import d3rlpy
 
-        from llmrl.files import verify_checksums
+        from llmrl.files import CHECKSUMS_FILE, verify_checksums
 
         path = Path(path)
         projection_file = path.parent / PROJECTION_FILE
-        has_projection = projection_file.is_file()
+        manifest = path.parent / CHECKSUMS_FILE
+        # listed in the folder's manifest: required (a deleted file fails there, not later as a size mismatch)
+        has_projection = projection_file.is_file() or (
+            manifest.is_file() and any(line.endswith(f"  {PROJECTION_FILE}")
+                                       for line in manifest.read_text().splitlines()))
         verify_checksums(path.parent, [path.name] + ([PROJECTION_FILE] if has_projection else []))
         projection = InstructionProjection.load(projection_file) if has_projection else None
         return cls(d3rlpy.load_learnable(str(path), device=False), embedding, name, projection=projection)

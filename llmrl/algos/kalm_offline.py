@@ -81,8 +81,9 @@ def mix_episodes(real: Sequence[Episode], imagined: Sequence[Episode], mix_ratio
 def fit_projection(episodes: Sequence[Episode], table: EmbeddingTable, algo: OfflineAlgo
                    ) -> InstructionProjection | None:
     """``algo.instruction_components`` principal components of the embeddings of the distinct instructions of
-    ``episodes`` (the data the learner trains on: real, and imagined ones for new goals, whose directions a fit on
-    real instructions alone would drop); None when the algorithm reads the raw embedding."""
+    ``episodes``: the real training episodes, for every arm and seed alike (a fit that also saw the imagined
+    episodes' instructions, which are the test levels' goals, would give the imagine arm a different input from the
+    real arm's and fit on test instructions); None when the algorithm reads the raw embedding."""
     if not algo.instruction_components:
         return None
     return InstructionProjection.fit(table.lookup(sorted({ep.mission for ep in episodes})),

@@ -96,6 +96,9 @@ class OfflineAlgo(Section):
         import d3rlpy
 
         cls = getattr(d3rlpy.algos, f"{self.algo}Config")
+        if self.standardise and "observation_scaler" in self.config:
+            raise ValueError("config: observation_scaler is set by standardise (true: d3rlpy's "
+                             "StandardObservationScaler); set standardise: false to give another")
         scaler = {"observation_scaler": d3rlpy.preprocessing.StandardObservationScaler()} if self.standardise else {}
         try:
             return cls(**scaler, **self.config)

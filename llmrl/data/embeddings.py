@@ -92,7 +92,8 @@ class InstructionProjection:
 
     Why: SmolLM2's 576-dim embeddings are constant within an episode, have one dimension with a mean of about 20 and
     a norm of about 36; beside 41 small state fields they swamp an MLP's input, and gate 0's BC could not fit its
-    own training transitions (0.585 vs the majority action's 0.580; 0.941 with 8 components, docs/measurements.md).
+    own training transitions (0.585 vs the majority action's 0.580; 0.95 with 8 components and standardised inputs,
+    docs/measurements.md).
     Fitted on the distinct instructions of the data a learner trains on, saved with the model, applied at
     evaluation to any instruction (unseen ones land in the same subspace). Components are sign-fixed (largest
     entry positive) so a refit on the same instructions gives the same columns on every host. With fewer distinct

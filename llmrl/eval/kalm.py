@@ -35,12 +35,12 @@ import numpy as np
 
 from llmrl.data.trajectories import Episode
 from llmrl.envs import kalm_levels as kl
-from llmrl.eval.paired import paired_bootstrap
+from llmrl.eval.paired import mean_bootstrap
 from llmrl.eval.stats import compare_intervals, wilson_interval
 
 __all__ = ["BatchAct", "EpisodeOutcome", "run_level", "offline_act", "random_act", "grounded_act",
            "evaluate_benchmark", "ReplayResult", "replay", "rollout_quality", "gate_goals", "closed_loop",
-           "success_summary", "gate0", "pool_gate0"]
+           "success_summary", "gate0", "pool_gate0", "swapped_goals"]
 
 # act(obs [n, d], goal indices [n], episode indices [n]) -> actions [n, ...]
 BatchAct = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -237,6 +237,29 @@ def rollout_quality(episodes: Sequence[Episode], goals: Sequence[kl.Goal], setti
 
 
 
+def swapped_goals(goals: Sequence[kl.Goal]) -> list[kl.Goal]:
+    """For each goal, the first goal after it (cyclically) whose task's first step shares none of its verb, colour
+    and object type (BabyAI: ``goto:red:ball`` is swapped for neither ``goto:blue:box`` nor ``pickup:blue:ball``;
+    Meta-World: another task), else the first with another task: the instruction a swapped-instruction control
+    gives it. Neighbours in the goal list mostly differ in colour alone, and a policy that read only the verb or
+    only the type would pass such a swap."""
+    def parts(task: str) -> tuple[str, ...]:
+        first = task.split(">")[0].split(":")
+        return tuple(first) if len(first) == 3 else (task,)
+
+    out = []
+    for i, goal in enumerate(goals):
+        own = parts(goal.task)
+        order = [goals[(i + k) % len(goals)] for k in range(1, len(goals))]
+        other = [g for g in order if g.task != goal.task]
+        if not other:
+            raise ValueError(f"swapped_goals: no goal with another task than {goal.task!r}")
+        apart = [g for g in other if len(parts(g.task)) == len(own)
+                 and all(a != b for a, b in zip(parts(g.task), own, strict=True))]
+        out.append((apart or other)[0])
+    return out
+
+
 def gate_goals(benchmark: str) -> list[kl.Goal]:
     """Gate 0's goals: the first training phrasing of each training task (goals the model was grounded on)."""
     return kl.one_per_task(kl.goals(benchmark, "train"))
@@ -296,9 +319,10 @@ def pool_gate0(seeds: dict[int, dict[str, Sequence[bool]]], confidence: float = 
     to its episode successes per row (``grounded``, ``random``, ``bc``; every seed plays the same goals and
     starts). The verdict is ``gate0`` on the seeds' grounded episodes against every seed's random episodes, each
     seed's own verdict labelled with its seed; BC's episodes (greedy, and sampled where every seed has them) are
-    pooled alike, as the reference of what the same real data teaches, and so are the swapped-instruction rows,
-    with ``reads_goal``: the paired difference of each row under its own instruction and another task's
-    (``paired_bootstrap``, starts as items and seeds as runs; "higher" only where the goal's text is read)."""
+    pooled alike, as the reference of what the same real data teaches, and so are the swapped-instruction rows
+    (``swapped_goals``), with ``reads_goal``: each row's success under its own instruction minus under another
+    task's, per seed and start, bootstrapped with starts and seeds as crossed factors ("higher" only where the
+    goal's text is read)."""
     if not seeds:
         raise ValueError("pool_gate0: no grounding seed")
     for seed, rows in seeds.items():
@@ -310,12 +334,21 @@ def pool_gate0(seeds: dict[int, dict[str, Sequence[bool]]], confidence: float = 
     verdict["per_seed"] = [{"seed": seed, **v} for seed, v in zip(seeds, verdict["per_seed"])]
     optional = [row for row in ("bc", *GATE_OPTIONAL) if all(rows.get(row) for rows in seeds.values())]
     pooled = {row: success_summary([f for rows in seeds.values() for f in rows[row]], confidence) for row in optional}
-    # own instruction against another task's, paired by start (every seed plays the same starts: items = starts,
-    # runs = seeds, llmrl.eval.paired)
-    reads_goal = {row: paired_bootstrap(np.asarray([rows[row] for rows in seeds.values()], float),
-                                        np.asarray([rows[f"{row}_swapped"] for rows in seeds.values()], float),
-                                        confidence=confidence)
-                  for row in ("grounded", "bc_sampled") if f"{row}_swapped" in optional}
+    # own instruction minus another task's, per seed and start: both share the seed's model (and a sampled row its
+    # per-episode random stream), so the difference is taken within each (seed, start) and then bootstrapped with
+    # starts and seeds as crossed factors (llmrl.eval.paired)
+    reads_goal = {}
+    for row in ("grounded", "bc_sampled"):
+        if f"{row}_swapped" in optional:
+            own = np.asarray([rows[row] for rows in seeds.values()], float)
+            difference = own - np.asarray([rows[f"{row}_swapped"] for rows in seeds.values()], float)
+            boot = mean_bootstrap(difference, confidence=confidence)
+            per_start = difference.mean(0)
+            reads_goal[row] = {"difference": boot["mean"], "ci_low": boot["ci_low"], "ci_high": boot["ci_high"],
+                               "starts": boot["items"], "seeds": boot["runs"],
+                               "starts_higher": int((per_start > 0).sum()), "starts_lower": int((per_start < 0).sum()),
+                               "verdict": "higher" if boot["ci_low"] > 0 else "lower" if boot["ci_high"] < 0
+                               else "no difference"}
     return {**verdict, **pooled, **({"reads_goal": reads_goal} if reads_goal else {}), "seeds": list(seeds)}
 
 
