@@ -538,3 +538,26 @@ def test_the_docs_extra_pins_what_the_project_pins():
     shared = {name.split("[")[0] for name in docs} & set(main)
     assert {"pydantic", "pyyaml", "jinja2", "hydra-core"} <= shared
     assert {name: docs[name] for name in shared} == {name: main[name] for name in shared}
+
+
+def test_the_gate0_table_shows_own_minus_swapped_where_recorded(tmp_path):
+    from llmrl.files import write_json
+    from llmrl.report.docs_tables import kalm_grounding_tables, to_markdown
+    row = {"success": 0.5, "ci_low": 0.2, "ci_high": 0.8, "episodes": 26}
+    gate = {"grounded": row, "grounded_swapped": row, "random": row, "passed": False,
+            "reads_goal": {"grounded": {"difference": 0.1234, "ci_low": -0.05, "ci_high": 0.31}}}
+    folder = tmp_path / "metrics/kalm/gate0"
+    folder.mkdir(parents=True)
+    write_json(folder / "babyai.json", {"gate0": gate})
+    write_json(folder / "metaworld.json", {"gate0": {k: gate[k] for k in ("grounded", "passed")}})
+    grounding = {"state_error": {"metric": "mae", "model": 0.1, "copy_last_state": 0.2, "beats_copy": True},
+                 "selected_update": 5, "updates": 10, "heldout_selection_loss_before": 2.0,
+                 "heldout_selection_loss_after": 1.0}
+    for bench in ("babyai", "metaworld"):
+        (tmp_path / "metrics/kalm/ground" / bench).mkdir(parents=True)
+        write_json(tmp_path / "metrics/kalm/ground" / bench / "0.json", grounding)
+    table = to_markdown(kalm_grounding_tables(tmp_path)[0])
+    lines = {line.split(" | ")[0] + " | " + line.split(" | ")[1]: line for line in table.splitlines()[2:]}
+    assert "0.1234 [-0.05, 0.31]" in lines["| babyai | `grounded`"]
+    assert "0.1234" not in lines["| babyai | `random`"]
+    assert lines["| metaworld | `grounded`"].count("|") == table.splitlines()[0].count("|")
