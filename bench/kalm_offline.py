@@ -3,7 +3,8 @@
 Our path: ``read_episodes`` (HDF5) → ``llmrl.algos.kalm_offline.build_dataset`` (observation ⊕ instruction
 embedding, episode ends flagged) → ``make_learnable`` → ``train_offline`` (d3rlpy's fitter, NoopAdapterFactory).
 Raw path: the same arrays concatenated by hand into ``d3rlpy.dataset.MDPDataset`` and ``<Algo>Config().create()``
-then ``fit`` with d3rlpy's defaults but no log folder. Same algorithm config, seed, thread count (1) and number of
+(with the observation scaler ours sets, ``OfflineAlgo.standardise``) then ``fit`` with d3rlpy's defaults but no log
+folder. Same algorithm config, seed, thread count (1) and number of
 updates; runs alternate, the ratio is the median over repeats of each repeat's paired ratio (ours / raw) of
 updates per CPU second of the process (``time.process_time``); the wall-clock ratio is reported beside it. CPU time
 is the primary figure because this 2-core machine is shared: wall-clock rates of the same code swung 3x between
@@ -74,7 +75,9 @@ def time_raw(algo: OfflineAlgo, dataset, steps: int) -> tuple[float, float]:
 
     torch.set_num_threads(1)
     d3rlpy.seed(0)
-    learnable = getattr(d3rlpy.algos, f"{algo.algo}Config")(**algo.config).create(device=False)
+    # the same input scaling as ours (standardise: d3rlpy's StandardObservationScaler), written by hand
+    scaler = {"observation_scaler": d3rlpy.preprocessing.StandardObservationScaler()} if algo.standardise else {}
+    learnable = getattr(d3rlpy.algos, f"{algo.algo}Config")(**algo.config, **scaler).create(device=False)
     start, cpu = time.perf_counter(), time.process_time()
     learnable.fit(dataset, n_steps=steps, n_steps_per_epoch=steps, logger_adapter=NoopAdapterFactory(),
                   show_progress=False, save_interval=10**9)
