@@ -85,9 +85,10 @@ class GlamBC(Section):
                                                            "of lowest validation loss is kept")
     seed: int = Field(50_000, ge=0, description="BC of training seed s initialises its adapter and orders its "
                                                 "minibatches from seed + s (one BC model per glam.train.seeds)")
-    epochs: int = Field(8, gt=0, description="at most this many passes over the training demonstrations")
-    patience: int = Field(2, gt=0, description="stop after this many epochs without a lower validation loss")
-    batch_size: int = Field(16, gt=0, description="samples per optimiser step")
+    epochs: int = Field(24, gt=0, description="at most this many passes over the training demonstrations")
+    patience: int = Field(3, gt=0, description="stop after this many epochs without a lower validation loss")
+    batch_size: int = Field(4, gt=0, description="distinct prompts per optimiser step (a prompt the bot met several "
+                                                 "times is one row weighted by its count: llmrl.algos.bc_llm)")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate")
 
 
