@@ -1,7 +1,10 @@
 """Stage glam_eval: every GLAM agent and baseline through the evaluation harness, greedy and sampled apart.
 
 Agents: random (sampled only: it has no greedy mode), the BabyAI bot (greedy only: deterministic), the
-zero-shot LLM, BC, Symbolic-PPO and every glam_train item. LLM agents run ``glam.eval.batch`` episodes in
+zero-shot LLM, BC, Symbolic-PPO and every glam_train item. BC runs once per training seed (one model each); random
+and the zero-shot LLM once per sampling stream, as many as GLAM's training seeds (their greedy mode once). Each
+GLAM variant's file also holds ``vs``: its success minus each reference's, paired by start (runs and starts
+crossed: ``llmrl.eval.glam``). LLM agents run ``glam.eval.batch`` episodes in
 lockstep (``evaluate_batched``: same seeds and protocol as the harness, many prompts per forward). Episodes run
 to the level's own step limit unless ``glam.eval.max_steps`` caps them. Writes one headline file per level and
 agent, metrics/glam/eval/<level>/<agent>.json (success and return with intervals, greedy and sampled apart;
@@ -22,40 +25,49 @@ import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
 from llmrl.envs.make import make_env
 from llmrl.eval.harness import evaluate
 from llmrl.eval.batched import evaluate_batched
+from llmrl.eval.glam import paired_against, success_matrix
 from llmrl.eval.headline import headline_of_results, metrics_entry
+from llmrl.eval.streams import SamplingStream
 from llmrl.files import atomic_path, write_json
 from llmrl.fingerprint import fingerprint_line
 from stages import paths
 from stages.common import log, open_live, stage_arguments, stage_params
 
 OUT = paths.glam_eval()
+# what each GLAM variant is compared with, paired by start (its metrics file's `vs`)
+REFERENCES = ("zero_shot", "bc", "random", "symbolic_ppo")
 
 
 def agents(p: GlamParams):
-    """(name, [policy factory per training seed], modes) of every agent, built lazily (one LLM at a time)."""
-    yield "random", [lambda: RandomPolicy(n_actions=6)], ["sampled"]
-    yield "bot", [BabyAIBotPolicy], ["greedy"]
+    """(name, [policy factory per run], modes, greedy_once) of every agent, built lazily (one LLM at a time). A
+    trained agent runs once per training seed; random and the zero-shot LLM, which have no training seed, run once
+    per sampling stream (``llmrl.eval.streams``) of the same count, their greedy mode once (``greedy_once``: it is
+    deterministic)."""
+    yield "random", [lambda s=s: SamplingStream(RandomPolicy(n_actions=6), s) for s in p.train.seeds], \
+        ["sampled"], False
+    yield "bot", [BabyAIBotPolicy], ["greedy"], False
 
     def symbolic(seed: int):
         return SymbolicPolicy(load_symbolic(paths.glam_symbolic().model, seed), name=f"symbolic_ppo-{seed}")
 
-    yield "symbolic_ppo", [lambda seed=seed: symbolic(seed) for seed in p.symbolic.seeds], p.eval.modes
+    yield "symbolic_ppo", [lambda seed=seed: symbolic(seed) for seed in p.symbolic.seeds], p.eval.modes, False
 
-    def zero_shot():
+    def zero_shot(stream: int):
         agent = build_agent(p.model, "lora", temperature=p.policy.temperature, length_norm=p.policy.length_norm,
                             frozen=True, dtype=p.dtype)
-        return LLMBatchPolicy(agent, "zero_shot", history=p.policy.history, record_steps=20)
+        return SamplingStream(LLMBatchPolicy(agent, "zero_shot", history=p.policy.history, record_steps=20), stream)
 
-    yield "zero_shot", [zero_shot], p.eval.modes
+    yield "zero_shot", [lambda s=s: zero_shot(s) for s in p.train.seeds], p.eval.modes, True
 
     def trained(folder, name: str):
         agent, meta = load_agent(folder)
         return LLMBatchPolicy(agent, name, history=meta["history"], record_steps=20)
 
-    yield "bc", [lambda: trained(paths.glam_bc().model, "bc")], p.eval.modes
+    yield "bc", [lambda s=s: trained(paths.glam_bc().model / str(s), f"bc-{s}") for s in p.train.seeds], \
+        p.eval.modes, False
     for v in p.train.variants:
         yield f"glam_{v}", [lambda item=f"{v}-{s}": trained(paths.glam_train(item).model, f"glam_{item}")
-                            for s in p.train.seeds], p.eval.modes
+                            for s in p.train.seeds], p.eval.modes, False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,17 +77,21 @@ def main(argv: list[str] | None = None) -> None:
     seeds = range(p.eval.seed, p.eval.seed + p.eval.episodes)
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing, dtypes = [], {}, {}
+    successes: dict = {}  # (agent, env_id) -> {mode: [runs, episodes] successes}
     with open_live(OUT.live) as live, \
             atomic_path(OUT.eval, is_dir=True) as eval_dir, atomic_path(OUT.episodes, is_dir=True) as ep_dir:
-        for name, factories, modes in agents(p):
+        for name, factories, modes, greedy_once in agents(p):
             start = time.perf_counter()
-            results: dict = {}  # (env_id, mode) -> one EvalResult per training seed
-            for factory in factories:
+            results: dict = {}  # (env_id, mode) -> one EvalResult per run (training seed or sampling stream)
+            for run, factory in enumerate(factories):
                 policy = factory()
+                batched = isinstance(getattr(policy, "policy", policy), LLMBatchPolicy)
                 for env_id in p.eval.env_ids:
                     env = make_env(env_id)
                     for mode in modes:
-                        if isinstance(policy, LLMBatchPolicy):
+                        if mode == "greedy" and greedy_once and run > 0:
+                            continue
+                        if batched:
                             result = evaluate_batched(policy, lambda env_id=env_id: make_env(env_id), seeds,
                                                       mode=mode, max_steps=p.eval.max_steps, n_envs=p.eval.batch)
                         else:
@@ -83,13 +99,19 @@ def main(argv: list[str] | None = None) -> None:
                         results.setdefault((env_id, mode), []).append(result)
                         write_json(ep_dir / f"{env_id}_{policy.name}_{mode}.json", result.table())
                     env.close()
-                if isinstance(policy, LLMBatchPolicy):
-                    write_json(ep_dir / f"{policy.name}_prompts.json", policy.records)
-                    dtypes[name] = policy.agent.llm.dtype_name
+                if batched:
+                    llm_policy = getattr(policy, "policy", policy)
+                    write_json(ep_dir / f"{policy.name}_prompts.json", llm_policy.records)
+                    dtypes[name] = llm_policy.agent.llm.dtype_name
                 del policy
             for env_id in p.eval.env_ids:
                 entry = {mode: headline_of_results(results[env_id, mode]) for mode in modes}
-                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry))
+                successes[name, env_id] = {mode: success_matrix(results[env_id, mode]) for mode in modes}
+                extra = {}
+                if name.startswith("glam_"):  # the references come first in agents(): paired on the same starts
+                    extra["vs"] = paired_against(successes[name, env_id],
+                                                 {ref: successes[ref, env_id] for ref in REFERENCES})
+                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry, **extra))
                 for mode, h in entry.items():
                     rows.append({"agent": f"{name} ({mode})", "level": env_id, "success_rate": h["success"],
                                  "ci_low": h["success_lo"], "ci_high": h["success_hi"]})

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     agents = {f"glam_{v}": [(f"{v}-{s}", paths.glam_train(f"{v}-{s}").model) for s in p.train.seeds]
               for v in p.train.variants}
     if g.include_bc:
-        agents["bc"] = [("bc", paths.glam_bc().model)]
+        agents["bc"] = [(f"bc-{s}", paths.glam_bc().model / str(s)) for s in p.train.seeds]
     out = paths.glam_generalisation()
     with open_live(out.live) as live, atomic_path(out.metrics, is_dir=True) as gen_dir, \
             atomic_path(out.prompts, is_dir=True) as prompt_dir:

@@ -45,7 +45,7 @@ TINY: dict[str, dict] = {
         "model": "models/base_llm",
         "train": {"n_envs": 2, "frames_per_env": 2, "updates": 1, "epochs": 1, "minibatch_size": 4, "micro_batch": 4,
                   "seeds": [0], "max_steps": 4},
-        "bc": {"episodes": 2, "batch_size": 2},
+        "bc": {"episodes": 1, "validation_episodes": 1, "epochs": 2, "batch_size": 2},
         "symbolic": {"ppo": {"total_frames": 8, "num_envs": 2, "num_steps": 4, "epochs": 1, "minibatch_size": 4},
                      "seeds": [0]},
         "eval": {"episodes": 100, "max_steps": 1, "batch": 50},  # 100: the least an evaluation takes

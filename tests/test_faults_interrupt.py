@@ -56,10 +56,10 @@ def _tiny_params() -> dict:
     g["train"].update(n_envs=2, frames_per_env=4, updates=5, epochs=1, minibatch_size=8, micro_batch=4, seeds=[0])
     # budgets of the kinds that train in well under a second otherwise: the first 3-5 s of a run are imports, so a
     # run of a few seconds' training puts most kill moments (15-90 % of the run) inside the training
-    g["bc"].update(episodes=2, batch_size=2, epochs=80)
+    g["bc"].update(episodes=2, validation_episodes=1, batch_size=2, epochs=80, patience=80)
     g["symbolic"].update(seeds=[0, 1])
     g["symbolic"]["ppo"].update(total_frames=6144, num_envs=2, num_steps=32, epochs=1, minibatch_size=32)
-    p["demos"].update(envs=[g["train"]["env_id"]], episodes=2, max_steps=8)
+    p["demos"].update(envs=[g["train"]["env_id"]], episodes=3, max_steps=8)
     t = p["llm4teach"]
     t["workers"] = 1
     t["train"].update(envs=["simpledoorkey"], teachers=["oracle"], seeds=[0], curve_points=2, curve_episodes=2)

@@ -147,6 +147,67 @@ def test_bc_lowers_loss():
         next(train_bc(agent, [], epochs=1, batch_size=4, lr=1e-2, seed=0))
 
 
+def _bc_task(agent, goals=("red ball", "blue key", "green box", "grey door")):
+    """One prompt per goal, the bot's action a function of the goal: learnable, and different per sample."""
+    rows = []
+    for i, goal in enumerate(goals):
+        rendered = render(agent.llm, build_prompt(LABELS, ACTIONS_EN, f"go to the {goal}", ["You see a wall"], []))
+        rows.append((rendered, candidates_for(rendered, ACTIONS_EN), i))
+    return rows
+
+
+@pytest.mark.parametrize("lora_layers", [None, 1])
+def test_bc_keeps_the_epoch_of_lowest_validation_loss(lora_layers):
+    agent = build_agent("tiny", "lora", seed=0, lora_layers=lora_layers)
+    assert (agent.trunk_start is not None) == (lora_layers is not None)  # 1: epochs run on captured trunk states
+    train = _bc_task(agent) * 2  # each prompt twice: one row of count 2 (group_samples)
+    before = agent.trainable_state()
+    rows = list(train_bc(agent, train, validation=_bc_task(agent), epochs=6, batch_size=4, lr=1e-2, seed=0,
+                         progress=False))
+    epochs = [r for r in rows if "validation_loss" in r]
+    assert [e["epoch"] for e in epochs] == list(range(7))  # before training, then each epoch
+    assert epochs[-1]["validation_loss"] < epochs[0]["validation_loss"]
+    best = min(epochs, key=lambda e: e["validation_loss"])
+    assert best["best"] and sum(e["best"] for e in epochs if e["epoch"] > best["epoch"]) == 0
+    changed = [n for n, t in agent.trainable_state().items() if not torch.equal(t, before[n])]
+    assert any("lora" in n for n in changed)
+    # the agent holds the kept epoch's weights: its validation loss is the best one
+    from llmrl.algos.bc_llm import _validate, group_samples
+    assert _validate(agent, group_samples(_bc_task(agent)), None, 4)["validation_loss"] == pytest.approx(best["validation_loss"],
+                                                                                           rel=1e-4)
+
+
+def test_bc_stops_after_patience_epochs_without_improvement_and_restores_the_best():
+    agent = build_agent("tiny", "lora", seed=0)
+    start = agent.trainable_state()
+    # an lr this large overshoots: validation stops improving, training stops and the best weights come back
+    rows = list(train_bc(agent, _bc_task(agent), validation=_bc_task(agent, ("purple box",) * 4), epochs=20,
+                         patience=1, batch_size=4, lr=5.0, seed=0, progress=False))
+    epochs = [r for r in rows if "validation_loss" in r]
+    best = max(e["epoch"] for e in epochs if e["best"])
+    assert epochs[-1]["epoch"] == best + 1 < 20
+    if best == 0:
+        assert all(torch.equal(t, start[n]) for n, t in agent.trainable_state().items())
+    with pytest.raises(ValueError, match="validation is empty"):
+        next(train_bc(agent, _bc_task(agent), validation=[], epochs=1, batch_size=4, lr=1e-2, seed=0))
+
+
+def test_sampling_streams_change_the_actions_not_the_starts():
+    from llmrl.eval.streams import SamplingStream, episode_stream_seed
+    env = make_env(ENV)
+    seeds = range(40)
+    runs = [evaluate(SamplingStream(RandomPolicy(n_actions=6), s), env, seeds, mode="sampled", progress=False)
+            for s in (0, 0, 1)]
+    plain = evaluate(RandomPolicy(n_actions=6), env, seeds, mode="sampled", progress=False)
+    assert runs[0].table() == runs[1].table()  # a stream is deterministic
+    assert [e.length for e in runs[0].episodes] == [e.length for e in plain.episodes]  # stream 0: no streams
+    assert [e.length for e in runs[0].episodes] != [e.length for e in runs[2].episodes]
+    assert runs[2].episodes[0].seed == 0 and runs[2].table() != runs[0].table()
+    assert episode_stream_seed(7, 0) == 7 and episode_stream_seed(7, 1) != episode_stream_seed(7, 2)
+    with pytest.raises(ValueError, match="stream"):
+        episode_stream_seed(7, -1)
+
+
 def test_bad_params_name_the_key():
     from llmrl.config import ParamsError, load_section
     from llmrl.config.glam import GlamTrain
@@ -257,3 +318,25 @@ def test_bf16_ppo_ratios_start_at_one(lora_layers):
     frozen = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=0.0)
     stats = ppo_update(agent, frozen, batch, cfg, torch.Generator().manual_seed(1))
     assert abs(stats["approx_kl"]) < 1e-6 and stats["clipfrac"] == 0.0
+
+
+def test_glam_is_compared_with_each_reference_paired_by_start():
+    from llmrl.eval.glam import paired_against, success_matrix
+    from llmrl.eval.harness import EpisodeRecord, EvalResult
+
+    def run(successes, seeds=None):
+        seeds = seeds or list(range(len(successes)))
+        return EvalResult("x", "env", "sampled", [EpisodeRecord(seed=s, episode_return=float(w), length=1, success=bool(w))
+                                           for s, w in zip(seeds, successes)])
+
+    glam = success_matrix([run([1] * 30), run([1] * 29 + [0]), run([1] * 30)])
+    random = success_matrix([run([1, 0, 0] * 10)])
+    same = success_matrix([run([1] * 30)] * 2)
+    vs = paired_against({"greedy": glam, "sampled": glam}, {"random": {"sampled": random}, "bot": {"greedy": same}})
+    assert set(vs) == {"random", "bot"} and set(vs["random"]) == {"sampled"}  # only modes both ran
+    r = vs["random"]["sampled"]
+    assert r["difference"] == pytest.approx(1 - 1 / 90 - 1 / 3, abs=1e-4) and r["ci_low"] > 0
+    assert (r["runs"], r["reference_runs"], r["items"]) == (3, 1, 30)
+    assert vs["bot"]["greedy"]["ci_low"] <= 0 <= vs["bot"]["greedy"]["ci_high"]
+    with pytest.raises(ValueError, match="same episode seeds"):
+        success_matrix([run([1, 0]), run([1, 0], seeds=[5, 6])])

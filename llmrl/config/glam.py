@@ -78,12 +78,18 @@ class GlamTrain(GlamPPO, _TrainLevel):  # _TrainLevel last: env_id is the first 
 
 
 class GlamBC(Section):
-    episodes: int = Field(8, gt=0, description="the first N bot demonstrations of the training level from the "
-                                               "demos stage (data/demos/<glam.train.env_id>.h5)")
-    seed: int = Field(50_000, ge=0, description="seed of the adapter's initialisation and the minibatch order")
-    epochs: int = Field(1, gt=0, description="passes over the demonstrations")
-    batch_size: int = Field(8, gt=0, description="samples per optimiser step")
-    lr: float = Field(1e-4, gt=0, description="Adam learning rate")
+    episodes: int = Field(160, gt=0, description="training demonstrations: the first N bot episodes of the training "
+                                                 "level from the demos stage (data/demos/<glam.train.env_id>.h5)")
+    validation_episodes: int = Field(40, gt=0, description="validation demonstrations: the last N episodes of the "
+                                                           "same file (disjoint from the training ones); the epoch "
+                                                           "of lowest validation loss is kept")
+    seed: int = Field(50_000, ge=0, description="BC of training seed s initialises its adapter and orders its "
+                                                "minibatches from seed + s (one BC model per glam.train.seeds)")
+    epochs: int = Field(24, gt=0, description="at most this many passes over the training demonstrations")
+    patience: int = Field(3, gt=0, description="stop after this many epochs without a lower validation loss")
+    batch_size: int = Field(4, gt=0, description="distinct prompts per optimiser step (a prompt the bot met several "
+                                                 "times is one row weighted by its count: llmrl.algos.bc_llm)")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
 
 
 class GlamSymbolic(Section):

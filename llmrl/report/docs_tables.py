@@ -349,9 +349,39 @@ def glam_tables(root: Path) -> list[DocTable]:
             rows.append([label(f"`{test}`"), label(f"`{path.stem}`"),
                          Cell(tuple(_with_interval(root, rel, ("greedy",), "success"))),
                          Cell((figure(root, rel, "greedy/seeds"),)), Cell((figure(root, rel, "greedy/episodes"),))])
+    vs_rows = []
+    for path in [p for p in _files(root, GLAM_EVAL) if p.stem.startswith("glam_")]:
+        rel = f"{GLAM_EVAL}/{path.name}"
+        for ref, modes in _load(root, rel).get("vs", {}).items():
+            for mode in [m for m in MODES if m in modes]:
+                key = ("vs", ref, mode)
+                vs_rows.append([label(f"`{path.stem}`"), label(f"`{ref}`"), label(mode),
+                                Cell((figure(root, rel, (*key, "difference")), " [", figure(root, rel, (*key, "ci_low")),
+                                      ", ", figure(root, rel, (*key, "ci_high")), "]")),
+                                Cell((figure(root, rel, (*key, "runs")), " / ", figure(root, rel, (*key, "reference_runs")))),
+                                Cell((figure(root, rel, (*key, "items")),))])
+    bc = "metrics/glam/bc.json"
+    bc_rows = [[label(seed), Cell((figure(root, bc, ("seeds", seed, "samples")), " (",
+                                   figure(root, bc, ("seeds", seed, "distinct_prompts")), ")")),
+                Cell((figure(root, bc, ("seeds", seed, "best_epoch")), " of ", figure(root, bc, ("seeds", seed, "epochs_run")))),
+                Cell((figure(root, bc, ("seeds", seed, "validation_loss", 0)), " → ",
+                      figure(root, bc, ("seeds", seed, "validation_loss", read_value(root, bc, ("seeds", seed, "best_epoch")))))),
+                Cell((figure(root, bc, ("seeds", seed, "validation_accuracy", 0)), " → ",
+                      figure(root, bc, ("seeds", seed, "validation_accuracy", read_value(root, bc, ("seeds", seed, "best_epoch"))))))]
+               for seed in read_value(root, bc, ("seeds",))]
     return [
-        headline_folder_table(root, "glam-eval", "Every agent on the test levels of BabyAI-Text GoToObjS4.",
+        headline_folder_table(root, "glam-eval", "Every agent on the test levels of BabyAI-Text GoToObjS4: trained "
+                              "agents once per training seed; random and the zero-shot model once per sampling "
+                              "stream, as many (the zero-shot greedy once: it is deterministic); the bot once.",
                               GLAM_EVAL, order=("glam_lora", "zero_shot", "bc", "symbolic_ppo", "bot", "random")),
+        DocTable("glam-vs", "GLAM against each reference: the difference in success on the same evaluation starts, "
+                 "paired by start, with a bootstrap over runs and starts as crossed factors (`llmrl.eval.paired`).",
+                 [f"{GLAM_EVAL}/glam_*.json"], ["variant", "reference", "mode", "difference [95 % CI]",
+                                                 "runs (variant / reference)", "starts"], vs_rows),
+        DocTable("glam-bc", "Behaviour cloning per training seed: the bot's steps it trains on (distinct prompts), the "
+                 "epoch kept (lowest validation loss) of those run, and the validation loss and accuracy before "
+                 "training → at the kept epoch.", [bc],
+                 ["seed", "samples (distinct)", "epoch kept", "validation loss", "validation accuracy"], bc_rows),
         DocTable("glam-generalisation", "Generalisation: the trained agents under changed wording (greedy; "
                  "`none` = the unchanged wording).", [f"{gen}/*/*.json"],
                  ["test", "agent", "success [95 % CI]", "seeds", "episodes"], rows),
