@@ -3,8 +3,8 @@
 Agents: random (sampled only: it has no greedy mode), the BabyAI bot (greedy only: deterministic), the
 zero-shot LLM, BC, Symbolic-PPO and every glam_train item. BC runs once per training seed (one model each); random
 and the zero-shot LLM once per sampling stream, as many as GLAM's training seeds (their greedy mode once). Each
-GLAM variant's file also holds ``vs``: its success minus each reference's, paired by start (runs and starts
-crossed: ``llmrl.eval.glam``). LLM agents run ``glam.eval.batch`` episodes in
+GLAM variant's success minus each reference's, paired by start (runs and starts crossed: ``llmrl.eval.glam``), goes
+to plots/glam/eval/paired.json. LLM agents run ``glam.eval.batch`` episodes in
 lockstep (``evaluate_batched``: same seeds and protocol as the harness, many prompts per forward). Episodes run
 to the level's own step limit unless ``glam.eval.max_steps`` caps them. Writes one headline file per level and
 agent, metrics/glam/eval/<level>/<agent>.json (success and return with intervals, greedy and sampled apart;
@@ -14,6 +14,7 @@ metrics/glam/episodes/ (a plain out), and a dvclive bar plot.
 """
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,7 +35,7 @@ from stages import paths
 from stages.common import log, open_live, stage_arguments, stage_params
 
 OUT = paths.glam_eval()
-# what each GLAM variant is compared with, paired by start (its metrics file's `vs`)
+# what each GLAM variant is compared with, paired by start (plots/glam/eval/paired.json)
 REFERENCES = ("zero_shot", "bc", "random", "symbolic_ppo")
 
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     protocol = {"episodes": p.eval.episodes, "seeds": f"{seeds[0]}-{seeds[-1]}", "max_steps": p.eval.max_steps}
     rows, timing, dtypes = [], {}, {}
     successes: dict = {}  # (agent, env_id) -> {mode: [runs, episodes] successes}
+    paired: dict = {}  # env_id -> GLAM variant -> reference -> mode -> the paired difference
     with open_live(OUT.live) as live, \
             atomic_path(OUT.eval, is_dir=True) as eval_dir, atomic_path(OUT.episodes, is_dir=True) as ep_dir:
         for name, factories, modes, greedy_once in agents(p):
@@ -107,11 +109,10 @@ def main(argv: list[str] | None = None) -> None:
             for env_id in p.eval.env_ids:
                 entry = {mode: headline_of_results(results[env_id, mode]) for mode in modes}
                 successes[name, env_id] = {mode: success_matrix(results[env_id, mode]) for mode in modes}
-                extra = {}
                 if name.startswith("glam_"):  # the references come first in agents(): paired on the same starts
-                    extra["vs"] = paired_against(successes[name, env_id],
-                                                 {ref: successes[ref, env_id] for ref in REFERENCES})
-                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry, **extra))
+                    paired.setdefault(env_id, {})[name] = paired_against(
+                        successes[name, env_id], {ref: successes[ref, env_id] for ref in REFERENCES})
+                write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry))
                 for mode, h in entry.items():
                     rows.append({"agent": f"{name} ({mode})", "level": env_id, "success_rate": h["success"],
                                  "ci_low": h["success_lo"], "ci_high": h["success_hi"]})
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
             timing[name] = round(time.perf_counter() - start, 1)
         live.log_plot("success_by_agent", rows, x="success_rate", y="agent", template="bar_horizontal",
                       title="GLAM agents: success rate")
+        # beside the plot, not in the metrics: `dvc metrics show` keeps one headline vocabulary
+        write_json(Path(live.dir) / "paired.json", paired)
         write_json(ep_dir / "protocol.json", {**protocol, "seconds": timing, "dtype": dtypes,
                                               "env": fingerprint_line()})
 

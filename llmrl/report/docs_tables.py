@@ -350,16 +350,17 @@ def glam_tables(root: Path) -> list[DocTable]:
                          Cell(tuple(_with_interval(root, rel, ("greedy",), "success"))),
                          Cell((figure(root, rel, "greedy/seeds"),)), Cell((figure(root, rel, "greedy/episodes"),))])
     vs_rows = []
-    for path in [p for p in _files(root, GLAM_EVAL) if p.stem.startswith("glam_")]:
-        rel = f"{GLAM_EVAL}/{path.name}"
-        for ref, modes in _load(root, rel).get("vs", {}).items():
+    paired = "plots/glam/eval/paired.json"
+    level = GLAM_EVAL.rsplit("/", 1)[1]
+    for variant, refs in read_value(root, paired, (level,)).items():
+        for ref, modes in refs.items():
             for mode in [m for m in MODES if m in modes]:
-                key = ("vs", ref, mode)
-                vs_rows.append([label(f"`{path.stem}`"), label(f"`{ref}`"), label(mode),
-                                Cell((figure(root, rel, (*key, "difference")), " [", figure(root, rel, (*key, "ci_low")),
-                                      ", ", figure(root, rel, (*key, "ci_high")), "]")),
-                                Cell((figure(root, rel, (*key, "runs")), " / ", figure(root, rel, (*key, "reference_runs")))),
-                                Cell((figure(root, rel, (*key, "items")),))])
+                key = (level, variant, ref, mode)
+                vs_rows.append([label(f"`{variant}`"), label(f"`{ref}`"), label(mode),
+                                Cell((figure(root, paired, (*key, "difference")), " [", figure(root, paired, (*key, "ci_low")),
+                                      ", ", figure(root, paired, (*key, "ci_high")), "]")),
+                                Cell((figure(root, paired, (*key, "runs")), " / ", figure(root, paired, (*key, "reference_runs")))),
+                                Cell((figure(root, paired, (*key, "items")),))])
     bc = "metrics/glam/bc.json"
     bc_rows = [[label(seed), Cell((figure(root, bc, ("seeds", seed, "samples")), " (",
                                    figure(root, bc, ("seeds", seed, "distinct_prompts")), ")")),
@@ -376,7 +377,7 @@ def glam_tables(root: Path) -> list[DocTable]:
                               GLAM_EVAL, order=("glam_lora", "zero_shot", "bc", "symbolic_ppo", "bot", "random")),
         DocTable("glam-vs", "GLAM against each reference: the difference in success on the same evaluation starts, "
                  "paired by start, with a bootstrap over runs and starts as crossed factors (`llmrl.eval.paired`).",
-                 [f"{GLAM_EVAL}/glam_*.json"], ["variant", "reference", "mode", "difference [95 % CI]",
+                 ["plots/glam/eval/paired.json"], ["variant", "reference", "mode", "difference [95 % CI]",
                                                  "runs (variant / reference)", "starts"], vs_rows),
         DocTable("glam-bc", "Behaviour cloning per training seed: the bot's steps it trains on (distinct prompts), the "
                  "epoch kept (lowest validation loss) of those run, and the validation loss and accuracy before "
