@@ -26,7 +26,7 @@ import llmrl.envs.babyai_text  # noqa: F401  (registers the BabyAI-Text-* ids)
 from llmrl.envs.make import make_env
 from llmrl.eval.harness import evaluate
 from llmrl.eval.batched import evaluate_batched
-from llmrl.eval.glam import paired_against, success_matrix
+from llmrl.eval.glam import paired_against, require_same_starts, success_matrix
 from llmrl.eval.headline import headline_of_results, metrics_entry
 from llmrl.eval.streams import SamplingStream
 from llmrl.files import atomic_path, write_json
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, timing, dtypes = [], {}, {}
     successes: dict = {}  # (agent, env_id) -> {mode: [runs, episodes] successes}
     paired: dict = {}  # env_id -> GLAM variant -> reference -> mode -> the paired difference
+    starts: dict = {}  # (agent, env_id) -> the episode seeds it played
     with open_live(OUT.live) as live, \
             atomic_path(OUT.eval, is_dir=True) as eval_dir, atomic_path(OUT.episodes, is_dir=True) as ep_dir:
         for name, factories, modes, greedy_once in agents(p):
@@ -109,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
             for env_id in p.eval.env_ids:
                 entry = {mode: headline_of_results(results[env_id, mode]) for mode in modes}
                 successes[name, env_id] = {mode: success_matrix(results[env_id, mode]) for mode in modes}
+                starts[name, env_id] = [e.seed for e in results[env_id, modes[0]][0].episodes]
                 if name.startswith("glam_"):  # the references come first in agents(): paired on the same starts
+                    require_same_starts({a: starts[a, env_id] for a in (name, *REFERENCES)})
                     paired.setdefault(env_id, {})[name] = paired_against(
                         successes[name, env_id], {ref: successes[ref, env_id] for ref in REFERENCES})
                 write_json(eval_dir / env_id / f"{name}.json", metrics_entry(entry))

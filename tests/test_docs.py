@@ -353,7 +353,8 @@ def test_each_method_page_reads_its_defaults_from_params(site):
 def test_the_check_sees_a_value_that_disagrees(site, tmp_path):
     html = (site / "methods" / "glam.html").read_text()
     root = tmp_path / "root"
-    shutil.copytree(ROOT / "conf", root / "conf")
+    for folder in ("conf", "metrics", "plots"):  # the page's values: parameters and, in its prose, results
+        shutil.copytree(ROOT / folder, root / folder)
     shutil.copy(ROOT / "params.yaml", root / "params.yaml")
     assert disagreements(html, root) == []
     params = yaml.safe_load((root / "params.yaml").read_text())

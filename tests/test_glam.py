@@ -171,10 +171,10 @@ def test_bc_keeps_the_epoch_of_lowest_validation_loss(lora_layers):
     assert best["best"] and sum(e["best"] for e in epochs if e["epoch"] > best["epoch"]) == 0
     changed = [n for n, t in agent.trainable_state().items() if not torch.equal(t, before[n])]
     assert any("lora" in n for n in changed)
-    # the agent holds the kept epoch's weights: its validation loss is the best one
-    from llmrl.algos.bc_llm import _validate, group_samples
-    assert _validate(agent, group_samples(_bc_task(agent)), None, 4)["validation_loss"] == pytest.approx(best["validation_loss"],
-                                                                                           rel=1e-4)
+    # the agent holds the kept epoch's weights: a new run's first row (before any step) gives the best loss
+    again = next(train_bc(agent, train, validation=_bc_task(agent), epochs=1, batch_size=4, lr=1e-2, seed=0,
+                          progress=False))
+    assert again["epoch"] == 0 and again["validation_loss"] == pytest.approx(best["validation_loss"], rel=1e-4)
 
 
 def test_bc_stops_after_patience_epochs_without_improvement_and_restores_the_best():
@@ -340,3 +340,7 @@ def test_glam_is_compared_with_each_reference_paired_by_start():
     assert vs["bot"]["greedy"]["ci_low"] <= 0 <= vs["bot"]["greedy"]["ci_high"]
     with pytest.raises(ValueError, match="same episode seeds"):
         success_matrix([run([1, 0]), run([1, 0], seeds=[5, 6])])
+    from llmrl.eval.glam import require_same_starts
+    require_same_starts({"glam": [0, 1], "bc": [0, 1]})
+    with pytest.raises(ValueError, match=r"\['bc'\] played other episode seeds than 'glam'"):
+        require_same_starts({"glam": [0, 1], "bc": [1, 0]})

@@ -10,7 +10,7 @@ import numpy as np
 from llmrl.eval.harness import EvalResult
 from llmrl.eval.paired import paired_bootstrap
 
-__all__ = ["paired_against", "success_matrix"]
+__all__ = ["paired_against", "require_same_starts", "success_matrix"]
 
 
 def success_matrix(results: Sequence[EvalResult]) -> np.ndarray:
@@ -20,6 +20,15 @@ def success_matrix(results: Sequence[EvalResult]) -> np.ndarray:
     if not results or any(s != seeds[0] for s in seeds):
         raise ValueError("success_matrix: every run must play the same episode seeds in the same order")
     return np.array([[float(e.success) for e in r.episodes] for r in results])
+
+
+def require_same_starts(starts: Mapping[str, Sequence[int]]) -> None:
+    """Raise ``ValueError`` naming the agents whose episode seeds differ from the first agent's: a paired difference
+    needs every agent to have played the same starts in the same order."""
+    names = list(starts)
+    other = [n for n in names[1:] if list(starts[n]) != list(starts[names[0]])]
+    if other:
+        raise ValueError(f"paired comparison: {other} played other episode seeds than {names[0]!r}")
 
 
 def paired_against(method: Mapping[str, np.ndarray], references: Mapping[str, Mapping[str, np.ndarray]], *,

@@ -42,7 +42,8 @@ from llmrl.files import read_json
 from llmrl.report.collect import MissingResultError
 
 __all__ = ["Figure", "Cell", "DocTable", "ResultFieldError", "TABLES", "TABLE_END", "read_value", "format_value",
-           "results_table", "to_markdown", "source_pages", "render_page", "unrendered", "llm4teach_claims_table"]
+           "results_table", "to_markdown", "source_pages", "render_page", "unrendered", "llm4teach_claims_table",
+           "kalm_grounding_tables"]
 
 EM_DASH = "—"
 
