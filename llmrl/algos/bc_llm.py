@@ -92,8 +92,9 @@ def train_bc(agent: LLMActorCritic, samples: list[tuple[str, list[str], int]], *
     """Adam on the mean cross-entropy of the bot's actions, over minibatches of ``batch_size`` shuffled distinct
     prompts (``group_samples``).
 
-    Yields one row per optimiser step (``step`` from 1, ``epoch`` from 1, ``loss``: the minibatch's mean over its
-    samples). With ``validation`` samples it also yields, before training and after each epoch, ``{"epoch",
+    Yields one row per optimiser step (``step`` from 1, ``epoch`` from 1, ``loss``: the minibatch's estimate of the
+    mean over all samples: its rows' count-weighted sum over rows drawn times samples per row). With ``validation``
+    samples it also yields, before training and after each epoch, ``{"epoch",
     "validation_loss", "validation_accuracy", "best"}``; training stops after ``patience`` epochs without a lower
     validation loss, and the agent ends with the weights of the epoch of lowest validation loss (epoch 0: the
     weights it started with). ``trunks``: ``capture_trunks`` of the grouped training and validation rows, when a
@@ -110,6 +111,7 @@ def train_bc(agent: LLMActorCritic, samples: list[tuple[str, list[str], int]], *
     params = [p for p in agent.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
     gen = torch.Generator().manual_seed(seed)
+    samples_per_row = len(samples) / len(rows)
     best: tuple[float, int, dict] | None = None
     if val_rows:
         row = {"epoch": 0, **_validate(agent, val_rows, val_trunks, batch_size)}
@@ -123,7 +125,8 @@ def train_bc(agent: LLMActorCritic, samples: list[tuple[str, list[str], int]], *
             idx = perm[start:start + batch_size]
             batch = [rows[i] for i in idx]
             total, _ = _rows_loss(agent, batch, [train_trunks[i] for i in idx] if train_trunks else None)
-            loss = total / float(sum(r[2].sum() for r in batch))
+            # an unbiased estimate of the mean over all samples: rows drawn uniformly, each weighted by its count
+            loss = total / (len(batch) * samples_per_row)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
