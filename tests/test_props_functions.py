@@ -104,7 +104,7 @@ def test_episodes_hold_k_points_from_either_producer_in_the_searchs_own_prompt()
     climb = history_for(fn, 12, "hill_climb", np.random.default_rng(1), SPACE, (0.3, 0.3))
     assert max(v for _, v in climb[6:]) >= max(v for _, v in climb[:6])  # it converges, never loses its best
     recs = function_records("train", 8, DATA, SPACE, optimum_hint=True, total_iterations=30, answer_prefix=PREFIX)
-    assert {r["producer"] for r in recs} == set(PRODUCERS) and all(3 <= r["k"] <= 15 for r in recs)
+    assert {r["producer"] for r in recs} == set(PRODUCERS) and all(DATA.history_min <= r["k"] <= DATA.history_max for r in recs)
     r = recs[0]
     hist = json.loads(r["history"])
     settings_ = PromptSettings(low=-6, high=6, decimals=1, step_size=1.0, optimum=100.0, episodes=1)
@@ -116,6 +116,26 @@ def test_episodes_hold_k_points_from_either_producer_in_the_searchs_own_prompt()
 
 
 # ------------------------------------------------------------------------------------------------ rewards
+
+
+def test_an_empty_history_is_the_searchs_first_turn_and_pays_for_the_format_alone():
+    data = DATA.model_copy(update={"history_min": 0, "history_max": 1})
+    recs = function_records("train", 16, data, SPACE, optimum_hint=True, total_iterations=30, answer_prefix=PREFIX)
+    first = [r for r in recs if r["k"] == 0]
+    assert first and all(json.loads(r["history"]) == [] for r in first)
+    assert "No point has been evaluated yet" in first[0]["prompt"][1]["content"]
+    assert "iteration 1 of 30" in first[0]["prompt"][1]["content"]
+    fn = draw_function("train", 0, 2)
+    ok = score_reply(_line(fn.centre), fn, [], -6, 6)
+    assert ok.parsed and not ok.duplicate and ok.improvement == 0.0 and ok.value == pytest.approx(fn.optimum)
+    bad = score_reply(_line([9.0, 0.0]), fn, [], -6, 6)
+    assert not bad.parsed and bad.error == "out_of_range"
+    rewards = {f.__name__: f for f in make_function_rewards(SPACE)}
+    cols = {"function": [fn.to_json()] * 2, "history": ["[]"] * 2, "answer_prefix": [None] * 2}
+    completions = [_line(fn.centre), _line([9.0, 0.0])]
+    assert rewards["parse_penalty"](completions, **cols) == [0.0, -1.0]
+    assert rewards["improvement"](completions, **cols) == [0.0, 0.0]
+    assert rewards["format"](completions, **cols) == [1.0, 1.0]
 
 
 def _example(dim=2):

@@ -4,7 +4,8 @@ The CPU tiers' recipe for fine-tuning the ProPS optimizer (the paper profile kee
 recipe, ``llmrl.algos.props_grpo``). Each example is one step of an optimisation run on a function of
 ``llmrl.envs.functions``: the prompt is the ProPS search's own chat (``props_prompts.search_messages``, numeric
 template, system message, the answer opened with ``answer_prefix`` as the search opens it) holding a history of k
-evaluated points, k drawn from [history_min, history_max], produced by
+evaluated points, k drawn from [history_min, history_max] (k = 0: the search's first turn, "No point has been
+evaluated yet"), produced by
 
 - ``random``: k points uniform in the parameter range (random search's history), or
 - ``hill_climb``: a partial hill-climbing run (a uniform first point, then best so far + N(0, sigma^2) with sigma
@@ -18,7 +19,8 @@ reply is judged, parsed by the search's strict parser with no "current" point, d
 
 - ``improvement``: (f(x) - best) / (optimum - best) clipped to [0, 1], where best is the best value in the
   history: the share of the remaining gap to the optimum the proposal closes (per function, so functions of
-  different scales weigh alike); 0 when the point is not better, unparsable or a duplicate;
+  different scales weigh alike); 0 when the point is not better, unparsable or a duplicate,
+  and on an empty history;
 - ``parse_penalty``: -1 when the strict parser rejects the reply (count, range, malformed line), else 0;
 - ``duplicate_penalty``: -1 when the point equals one already in the history, else 0;
 - ``format``: 1 when the answer line is made of well-formed ``params[i]: number`` items (``props_grpo``'s
@@ -127,6 +129,8 @@ def score_reply(text: str, fn: TestFunction, history: Sequence[tuple[Sequence[fl
     x = parsed.params
     duplicate = any(np.allclose(x, np.asarray(h, dtype=np.float64), rtol=0, atol=1e-9) for h, _ in history)
     value = float(fn.values(x))
+    if not history:  # the search's first turn: nothing to improve on, only the format and the range count
+        return ReplyOutcome(True, None, True, False, value, 0.0)
     best = max(v for _, v in history)
     gap = fn.optimum - best
     gain = 0.0 if duplicate or gap <= 0 else float(np.clip((value - best) / gap, 0.0, 1.0))

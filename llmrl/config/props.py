@@ -210,7 +210,8 @@ class PropsFunctionDataParams(Section):
     validation_examples: int = Field(8, ge=1, description="validation examples (checkpoint selection), functions "
                                                            "of the validation split")
     dims: list[int] = Field([2, 3, 4], min_length=1, description="dimensions the functions are drawn in")
-    history_min: int = Field(3, ge=1, description="fewest evaluated points in a prompt's history")
+    history_min: int = Field(0, ge=0, description="fewest evaluated points in a prompt's history (0: the search's "
+                                                  "first turn)")
     history_max: int = Field(12, ge=1, description="most evaluated points in a prompt's history")
     random_share: float = Field(0.5, ge=0, le=1, description="share of histories made by random search (the rest: "
                                                              "partial hill-climbing runs)")
