@@ -89,7 +89,7 @@ openssh:
 		>/dev/null && env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
 
 # The suite without its integration tests, a process per core, each test file in one process (its module fixtures
-# built once): 9 min on 2 cores, 16.5 min in one process.
+# built once). How long it takes: docs/getting-started.md, "Time and memory".
 test: test-setup chromium docs
 	$(BIN)/python -m pytest -q -m "not integration" -n auto --dist loadfile
 

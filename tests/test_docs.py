@@ -8,8 +8,10 @@
 - Every value of the built site (``<span data-from="FILE#KEY">``) equals the value at KEY in FILE, read here
   independently; each method's page and the benchmarks page carry generated tables.
 - The README is short, shows the quick start on its first screen, and holds the headline results table.
-- No history ("this revision", "this session", "that session", "before this change", "used to be", "no longer")
-  or commit hash in the README, the docs (the measurements log apart) or the library's docstrings.
+- No history ("this revision", "this session", "that session", "before this change", "used to be", "no longer",
+  an ISO date, "re-run is pending", "has not been re-run", "issue 47") or commit hash in the README, the docs (the
+  measurements log apart) or the library's docstrings; the README states no set-up or run time (one home: Getting
+  started, "Time and memory").
 - The API reference documents every name of every module's ``__all__``.
 - The KALM page opens in headless Chromium without an error; its screenshot is kept in
   ``.cache/test-artifacts/docs-kalm.png`` (and under the test's tmp path).
@@ -397,8 +399,23 @@ def test_readme_is_short_with_the_quick_start_first():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= README_MAX_LINES, len(lines)
     first = "\n".join(lines[:FIRST_SCREEN])
-    for text in ("make repro", "make test", "min on 2 cores", "GiB"):
+    for text in ("make repro", "make test", "(docs/getting-started.md#time-and-memory)"):
         assert text in first, text
+
+
+# a duration or a memory size: "35.6–51.8 min", "about 16 min", "the 45-minute target", "5.8 GiB", "2 h 53 min"
+FIGURE = re.compile(r"\b\d+(?:[.,]\d+)?(?:\s?[–-]\s?\d+(?:[.,]\d+)?)?"
+                    r"(?:\s?(?:min|minutes?|hours?|h|GiB)\b|-(?:minute|hour)\b)")
+
+
+def test_readme_states_no_time_or_memory_figure_and_links_to_their_one_home():
+    """Set-up and run times live in docs/getting-started.md ("Time and memory"), backed by the measurements log; the
+    README only links there, so a new figure cannot disagree with it."""
+    found = FIGURE.findall((ROOT / "README.md").read_text())
+    assert not found, f"README.md states {found}: link to docs/getting-started.md#time-and-memory instead"
+    assert FIGURE.findall("took 35.6–51.8 min, about 16 min, the 45-minute target, 5.8 GiB, 2 h 53 min") == [
+        "35.6–51.8 min", "16 min", "45-minute", "5.8 GiB", "2 h", "53 min"]
+    assert not FIGURE.findall("arXiv 2302.02662, 3 seeds, 576-dim, a 7B model, 20 minibatches, top-p 0.9")
 
 
 def test_readme_holds_the_results_table():
@@ -428,15 +445,21 @@ def test_readme_and_method_pages_name_every_stage():
 # ---------------------------------------------------------------------------------------------- history
 # phrases that only tell what was; "used to" and "no longer" alone also read innocently ("is used to draw", "no longer
 # than 64 tokens"), so only their historical forms
+# A run log's marks too: an ISO date (not inside a link's anchor, `measurements.md#2026-11-28-night-...`), a re-run
+# still to come, an issue's number: user pages state what is, and link to the log for when and why.
 HISTORY = re.compile(
-    r"\bth(is|at) (revision|session)\b|\bbefore this change\b|\bused to (be|state)\b|\bno longer\b(?! than)", re.I)
+    r"\bth(is|at) (revision|session)\b|\bbefore this change\b|\bused to (be|state)\b|\bno longer\b(?! than)"
+    r"|(?<![#\w-])\d{4}-\d{2}-\d{2}\b|\bre-run is pending\b|\bhas not been re-run\b|\bissue #?\d+\b", re.I)
 # 7 to 40 hex digits with a digit and a letter among them: a commit hash, not a number or a word
 COMMIT = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 
 
 def user_texts() -> dict[str, str]:
+    """The README, every docs page but the measurements log (and a changelog, should one appear) and the library's
+    docstrings."""
     texts = {"README.md": (ROOT / "README.md").read_text()}
-    texts |= {p.relative_to(ROOT).as_posix(): p.read_text() for p in DOCS.rglob("*.md") if p.name != "measurements.md"}
+    texts |= {p.relative_to(ROOT).as_posix(): p.read_text() for p in DOCS.rglob("*.md")
+              if p.name != "measurements.md" and not p.name.lower().startswith("changelog")}
     for path in sorted((ROOT / "llmrl").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -462,6 +485,13 @@ def test_the_history_patterns_see_what_they_should():
         assert HISTORY.search(history), history
     for present in ("the seed is used to draw the levels", "a reply no longer than the cap",
                     "before this changes anything"):
+        assert not HISTORY.search(present), present
+    for log in ("([Measurements](../measurements.md), 2026-11-29)", "its re-run is pending", "the grounding has not "
+                "been re-run with them", "as issue 47 asked", "see Issue #49"):
+        assert HISTORY.search(log), log
+    for present in ("[log, 28 November 2026](measurements.md#2026-11-28-night-ci-over-its-90-minutes)",
+                    "[log](measurements.md#moved-from-the-user-pages-2026-11-29)", "seed 10000, 2026 steps",
+                    "the issue's length", "stale until the study's stages run again"):
         assert not HISTORY.search(present), present
 
 
