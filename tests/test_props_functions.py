@@ -471,8 +471,13 @@ def test_heldout_table_compares_paired_by_function_and_rates_replies():
     base = t["methods"]["props_base"]["iqm"]  # one run per function: the interval comes from drawing functions
     assert base["runs"] == 1 and base["ci_high"] - base["ci_low"] > 0.1
     assert t["methods"]["props_tuned"]["replies"] == {"improve_share": 1.0, "repeat_share": 0.3333,
-                                                      "parse_failure_share": 0.5, "fallback_share": 0.0}
+                                                      "parse_failure_share": 0.5, "fallback_share": 0.0,
+                                                      "opening_fallback_share": 0.0}
     assert reply_shares(runs[0]["rows"])["proposals"] == 3
+    opened_by_a_draw = [dict(r, proposal="fallback" if i == 0 else "llm", fallbacks=1)
+                        for i, r in enumerate(runs[0]["rows"])]
+    got = reply_shares(opened_by_a_draw)
+    assert got["opening_fallback_share"] == 0.5 and got["fallback_share"] == 0.3333 and got["proposals"] == 2
     with pytest.raises(ValueError, match="lacks runs"):
         heldout_table(runs[:-1], [])
 

@@ -27,10 +27,14 @@ from llmrl.eval.paired import paired_bootstrap
 __all__ = ["reply_shares", "score_matrix", "heldout_table", "grpo_summary", "validation_items", "tuning_gate"]
 
 
+OPENING_TURNS = 2  # the turns asked with at most one evaluated point: the prompts least like a search's middle
+
+
 def reply_shares(rows: Sequence[dict]) -> dict:
     """Shares of an LLM search's proposals (``proposal == "llm"``) that improve on the best value before them and
-    that repeat an evaluated point, and of its replies that failed to parse (re-asks included), from its rows
-    (cumulative counters in the last)."""
+    that repeat an evaluated point, of its replies that failed to parse (re-asks included), from its rows
+    (cumulative counters in the last), and of its evaluations that fell back to a uniform draw, over the whole search
+    and over its first ``OPENING_TURNS`` turns apart."""
     best = -np.inf
     improved = proposed = 0
     for r in rows:
@@ -42,7 +46,9 @@ def reply_shares(rows: Sequence[dict]) -> dict:
     return {"proposals": proposed, "improve_share": round(improved / proposed, 4) if proposed else None,
             "repeat_share": round(last["duplicates"] / proposed, 4) if proposed else None,
             "parse_failure_share": round(last["parse_failures"] / last["llm_calls"], 4) if last["llm_calls"] else None,
-            "fallback_share": round(last["fallbacks"] / len(rows), 4)}
+            "fallback_share": round(last["fallbacks"] / len(rows), 4),
+            "opening_fallback_share": round(sum(r["proposal"] == "fallback" for r in rows[:OPENING_TURNS])
+                                            / len(rows[:OPENING_TURNS]), 4)}
 
 
 def score_matrix(runs: Sequence[dict], method: str, items: Sequence[tuple]) -> np.ndarray:
@@ -77,7 +83,8 @@ def heldout_table(runs: Sequence[dict], comparisons: Sequence[tuple[str, str]], 
         if "llm_calls" in mine[0]["rows"][-1]:
             shares = [reply_shares(r["rows"]) for r in mine]
             entry["replies"] = {k: round(float(np.mean([x[k] for x in shares if x[k] is not None])), 4)
-                                for k in ("improve_share", "repeat_share", "parse_failure_share", "fallback_share")
+                                for k in ("improve_share", "repeat_share", "parse_failure_share", "fallback_share",
+                                          "opening_fallback_share")
                                 if any(x[k] is not None for x in shares)}
         table["methods"][m] = entry
     table["comparisons"] = {
