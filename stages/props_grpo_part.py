@@ -1,8 +1,9 @@
 """Stage props_grpo_part: one part of the GRPO fine-tuning (TRL + LoRA) of the ProPS optimizer LLM, for one training
 seed; the parts of a seed resume one another, so a run of hundreds of steps is cut into stages of minutes.
 
-``python -m stages.props_grpo_part <part> <seed>`` trains the steps after part - 1's end up to
-ceil(part x max_steps / parts) of ``props.grpo.trainer.max_steps`` (``llmrl.algos.grpo.part_end``), resuming from part - 1's full checkpoint
+``python -m stages.props_grpo_part <part> <parts> <seed>`` trains the steps after part - 1's end up to
+ceil(part x max_steps / parts) of ``props.grpo.trainer.max_steps`` (``llmrl.algos.grpo.part_end``; with the searches
+below, part - 1 of parts - 1), resuming from part - 1's full checkpoint
 (adapter, optimiser, schedule, random states: the parts equal one uncut run). The data are
 ``props.grpo.data``'s (``llmrl.algos.props_grpo_functions.grpo_data``: optimisation episodes on the train split's
 functions at the CPU tiers, the original's scored MountainCar vectors in the paper profile). With
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     # with searches, part 1 trained nothing: parts 2..of share the steps
     end = part_end(part - 1, of - 1, total) if searches else part_end(part, of, total)
     data = grpo_data(p, space, search.max_episode_steps.get(p.task), searched)
-    selection = BestAdapter.load(prev) if prev and (prev / "selection.json").is_file() else BestAdapter()
+    after_searches = searches and part == 2  # part 1 trained nothing: no checkpoint, no selection to carry on
+    selection = BestAdapter.load(prev) if prev and not after_searches else BestAdapter()
     rows = read_jsonl(prev / "rows.jsonl") if prev else []
     completions = read_jsonl(prev / "completions.jsonl") if prev else []
     validation = read_jsonl(prev / "validation.jsonl") if prev else []
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                      "".join(f", {k} {v}" for k, v in rates.items() if k.endswith("_rate")), " (best)" if best else "")
 
         validate_every(run, p.eval_every, total, evaluate)
-        resume = prev / "checkpoint" if prev and (prev / "checkpoint").is_dir() else None
+        resume = prev / "checkpoint" if prev and not after_searches else None
         try:
             for row in train(run, resume_from=resume, stop_after=end if part < of else None):
                 rows.append(row)
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                 (tmp / SEARCHED).write_text(json.dumps(searched, sort_keys=True))
             (tmp / "part.json").write_text(json.dumps({"part": part, "of": of, "seed": seed, "last_step": end,
                                                        "max_steps": total, **data.describe,
+                                                       "truncated_prompts": run.truncated_prompts,
                                                        "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
     log.info("props_grpo_part %d/%d seed %d: steps to %d in %.0f s; best validation %.3f at step %s", part, of, seed,
              end, time.perf_counter() - t0, selection.best_score, selection.best_step)

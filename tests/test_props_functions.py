@@ -20,8 +20,8 @@ from llmrl.algos.blackbox import hill_climb, random_search
 from llmrl.algos.grpo import (BestAdapter, build_grpo_trainer, checkpoint_path, part_end, recording, train,
                               validate_every, validation_replies)
 from llmrl.algos.props_grpo_functions import (PRODUCERS, duplicate_penalty, format_reward, function_records,
-                                              history_for, improvement_reward, make_function_rewards, mix_examples,
-                                              outcome_rates, parse_penalty, reply_outcomes, score_reply,
+                                              grpo_data, history_for, improvement_reward, make_function_rewards,
+                                              mix_examples, outcome_rates, parse_penalty, reply_outcomes, score_reply,
                                               search_loop_examples)
 from llmrl.algos.props_prompts import PromptSettings, search_messages
 from llmrl.config import ParamsError, load_section
@@ -395,6 +395,12 @@ def test_the_searchs_own_examples_are_its_exchanges_scored_as_it_parses():
                 if ex["producer"] == "search"}) == 2  # at most every searched example, never one twice
     Dataset.from_list(mixed)  # one table: made-up and searched examples share their columns
 
+    # every training seed validates on the same examples, however many train exchanges its searches produced
+    gp = PropsGRPOParams(functions={"dims": [2], "train_examples": 6, "validation_examples": 4, "history_max": 2})
+    one, other = (grpo_data(gp, SPACE, None, {"train": train, "validation": got}) for train in (got, got[:3]))
+    assert one.validation == other.validation and one.train != other.train
+    assert one.describe["validation_digest"] == other.describe["validation_digest"]
+
 
 def test_with_searches_part_one_searches_and_the_training_parts_read_its_examples(tmp_path):
     from .faults_support import repo_params, run_stage, stage_repo
@@ -476,6 +482,10 @@ def test_the_tuning_gate_needs_every_seed_above_its_base_without_the_selections_
         tuning_gate([_summary(3, None, 0.3, 0.3, 50)])
     with pytest.raises(ValueError, match="no training seeds"):
         tuning_gate([])
+    apart = [dict(_summary(0, 0.1, 0.3, 0.35, 150), validation_digest="a"),
+             dict(_summary(1, 0.1, 0.2, 0.2, 200), validation_digest="b")]
+    with pytest.raises(ValueError, match="validated on different examples"):
+        tuning_gate(apart)
 
 
 def _replies(step, scores):

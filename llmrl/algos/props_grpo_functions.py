@@ -22,7 +22,8 @@ Training examples come from the ``train`` split only, validation examples (check
 ``validation`` split; the ``test`` split is never built here (``function_records`` refuses it).
 
 Rewards (each a pure function of the completions and the example's columns; ``score_reply`` is the one place a
-reply is judged, parsed by the search's strict parser with no "current" point, duplicates judged apart):
+reply is judged, parsed by the search's strict parser, with no "current" point for a made-up history and the
+search's current point for its own turns; duplicates judged apart):
 
 - ``improvement``: (f(x) - best) / (optimum - best) clipped to [0, 1], where best is the best value in the
   history: the share of the remaining gap to the optimum the proposal closes (per function, so functions of
@@ -36,6 +37,7 @@ reply is judged, parsed by the search's strict parser with no "current" point, d
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ import numpy as np
 from llmrl.agents.linear_policy import PlainVector
 from llmrl.algos.grpo import RewardFunc
 from llmrl.algos.props_grpo import MALFORMED, reply_texts
+from llmrl.algos.props_function_search import function_task, search_budget
 from llmrl.algos.props_prompts import PromptSettings, parse_reply, search_messages
 from llmrl.algos.props_search import OptimizerLLM, SearchState, props_search
 from llmrl.config.props import (PropsFunctionDataParams, PropsGRPOParams, PropsHeldoutParams, PropsLLMParams,
@@ -53,8 +56,7 @@ from llmrl.envs.functions import FunctionTask, TestFunction, draw_function
 
 __all__ = ["PRODUCERS", "history_for", "function_records", "ReplyOutcome", "score_reply", "improvement_reward",
            "parse_penalty", "duplicate_penalty", "format_reward", "make_function_rewards", "outcome_rates", "GRPOData",
-           "grpo_data", "reply_outcomes", "function_task", "search_budget", "loop_examples", "search_loop_examples",
-           "mix_examples"]
+           "grpo_data", "reply_outcomes", "loop_examples", "search_loop_examples", "mix_examples"]
 
 PRODUCERS = ("random", "hill_climb")
 
@@ -110,19 +112,6 @@ def function_records(split: str, n: int, p: PropsFunctionDataParams, space: Prop
             "answer_prefix": answer_prefix,
         })
     return records
-
-
-def function_task(split: str, dim: int, g: PropsGRPOParams) -> FunctionTask:
-    """The ``split`` functions of dimension ``dim`` in the families GRPO trains on."""
-    f = g.functions
-    return FunctionTask(split, dim, step_size=f.step_size, centre_range=f.centre_range, curvature=tuple(f.curvature))
-
-
-def search_budget(search: PropsSearchParams, h: PropsHeldoutParams) -> PropsSearchParams:
-    """props_search's settings for one held-out search: the test's evaluations and prompt budget, one episode per
-    evaluation (a function has no episodes)."""
-    return search.model_copy(update={"tasks": ["quadratic"], "methods": ["props"], "iterations": h.iterations,
-                                     "episodes_per_eval": 1, "prompt_token_budget": h.prompt_token_budget})
 
 
 def loop_examples(states: Sequence[SearchState], task: FunctionTask, answer_prefix: str) -> list[dict]:
@@ -321,13 +310,17 @@ def grpo_data(p, space: PropsSpaceParams, horizon: int | None, searched: dict[st
         describe = {"data": "functions", "train_examples": len(train), "validation_examples": len(validation),
                     "dims": list(f.dims), "history": [f.history_min, f.history_max]}
         if searched:
-            rng = np.random.default_rng([f.seed, 7_331])
-            train = mix_examples(train, searched["train"], f.loop_share, f.train_examples, rng)
-            validation = mix_examples(validation, searched["validation"], f.loop_share, f.validation_examples, rng)
+            # a generator per split: the validation draw must not depend on how many train exchanges a seed's
+            # searches produced, so every training seed validates on the same examples
+            train = mix_examples(train, searched["train"], f.loop_share, f.train_examples,
+                                 np.random.default_rng([f.seed, 7_331, 0]))
+            validation = mix_examples(validation, searched["validation"], f.loop_share, f.validation_examples,
+                                      np.random.default_rng([f.seed, 7_331, 1]))
             describe["search_examples"] = {
                 split: {"available": len(searched[split]), "used": sum(ex["producer"] == "search" for ex in exs),
                         "reasks_used": sum(ex["producer"] == "search" and ex["attempt"] > 0 for ex in exs)}
                 for split, exs in (("train", train), ("validation", validation))}
+        describe["validation_digest"] = hashlib.sha256(json.dumps(validation, sort_keys=True).encode()).hexdigest()[:16]
         return GRPOData(train, validation, make_function_rewards(space),
                         ("id", "answer_prefix", "dim", "producer", "k", "attempt"), describe)
     from llmrl.algos.props_grpo import RewardSettings, fine_tune_data, make_reward_funcs

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmrl.algos.blackbox import cem, hill_climb, random_search
-from llmrl.algos.props_grpo_functions import function_task, search_budget
+from llmrl.algos.props_function_search import function_task, search_budget
 from llmrl.algos.props_search import props_search
 from llmrl.envs.functions import FunctionTask, gap_closed
 
