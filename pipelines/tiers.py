@@ -232,12 +232,13 @@ def _report_deps(deps: list, stages: dict[str, tuple[str, ...]]) -> list:
 
 # A run cut into resumable part stages: the matrix stage (its ``part`` values ``{n, of, after}``: the part, the
 # chain's length, the previous part's folder; its ``seed`` values the runs), the parameter listing its seeds and the
-# study's chain length (the pipeline's shape, as dvc.yaml's 4 parts are the default's: each part stays under the
-# 30-minute stage limit at the study's steps: 25 steps, about 16 min beside another part on a slower host). The study's stage is one item per (part,
+# study's chain length (each part stays under the 30-minute stage limit: the study's part 1 runs the base model's
+# searches, props.grpo.functions.loop_functions, and parts 2-5 train 25 steps each, about 16 min beside another part
+# on a slower host; dvc.yaml's 4 parts are the default's, which searches nothing). The study's stage is one item per (part,
 # seed) after the same seed's previous part, so a seed's next part never waits for the other seeds' (a matrix value
 # cannot name the seed's own folder); its items keep the matrix's names. A stage that reads the last part follows it:
 # its dependency, and its command's last argument, the chain's length.
-PART_CHAINS: dict[str, tuple[str, int]] = {"props_grpo_part": ("props.grpo.seeds", 4)}
+PART_CHAINS: dict[str, tuple[str, int]] = {"props_grpo_part": ("props.grpo.seeds", 5)}
 
 
 def _rechain(result: dict, name: str, parts: int, seeds: list[int]) -> None:

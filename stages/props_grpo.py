@@ -3,8 +3,8 @@
 
 ``python -m stages.props_grpo <seed> <parts>`` reads the last part, ``models/props/grpo_parts/<parts>/<seed>/`` and writes the LoRA
 adapter ``models/props/grpo/<seed>`` (the validation-best one, byte-stable), ``data/props/grpo/<seed>/`` (every
-sampled completion with its rewards, every validation reply, TRL's metrics per step, the selection and the
-rendered first prompt), ``metrics/props/grpo/<seed>.json`` (steps, completions, the validation score at step 0,
+sampled completion with its rewards, every validation reply, TRL's metrics per step, the selection, the base
+model's search exchanges the examples were taken from where searched, and the rendered first prompt), ``metrics/props/grpo/<seed>.json`` (steps, completions, the validation score at step 0,
 i.e. the base model, and at the selected step, the last step's gain over step 0 paired by validation episode with
 its interval, and the shares of training and validation replies that improve on
 their history's best, repeat a history point or fail to parse, first against last) and dvclive curves under
@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     with atomic_path(out.adapter, is_dir=True) as tmp:
         shutil.copytree(state / "best", tmp, dirs_exist_ok=True)
     with atomic_path(out.data, is_dir=True) as tmp:
-        for name in ("rows.jsonl", "completions.jsonl", "validation.jsonl", "selection.json"):
-            shutil.copy2(state / name, tmp / name)
+        for name in ("rows.jsonl", "completions.jsonl", "validation.jsonl", "selection.json", "search_examples.json"):
+            if name != "search_examples.json" or (state / name).is_file():  # the base model's searches, where run
+                shutil.copy2(state / name, tmp / name)
     with open_live(out.live) as live:
         for row in rows:
             live.step = row["step"]

@@ -20,15 +20,16 @@ from llmrl.algos.blackbox import hill_climb, random_search
 from llmrl.algos.grpo import (BestAdapter, build_grpo_trainer, checkpoint_path, part_end, recording, train,
                               validate_every, validation_replies)
 from llmrl.algos.props_grpo_functions import (PRODUCERS, duplicate_penalty, format_reward, function_records,
-                                              history_for, improvement_reward, make_function_rewards,
-                                              outcome_rates, parse_penalty, score_reply)
+                                              grpo_data, history_for, improvement_reward, make_function_rewards,
+                                              mix_examples, outcome_rates, parse_penalty, reply_outcomes, score_reply,
+                                              search_loop_examples)
 from llmrl.algos.props_prompts import PromptSettings, search_messages
 from llmrl.config import ParamsError, load_section
 from llmrl.config.grpo import GRPOTrainParams
 from llmrl.config.lora import LoraSettings
-from llmrl.config.props import (PropsFunctionDataParams, PropsGRPOParams, PropsHeldoutParams, PropsSearchParams,
-                                PropsSpaceParams)
-from llmrl.envs.functions import SPLITS, FunctionTask, draw_function, gap_closed, normalised_score
+from llmrl.config.props import (PropsFunctionDataParams, PropsGRPOParams, PropsHeldoutParams, PropsLLMParams,
+                                PropsSearchParams, PropsSpaceParams)
+from llmrl.envs.functions import SPLITS, FunctionTask, TestFunction, draw_function, gap_closed, normalised_score
 from llmrl.eval.props_heldout import grpo_summary, heldout_table, reply_shares, tuning_gate
 from llmrl.eval.props_heldout_runs import BASELINES, baseline_runs, tune_hill_step
 from llmrl.eval.paired import mean_bootstrap, paired_bootstrap
@@ -355,6 +356,78 @@ def test_heldout_baselines_search_every_test_function_at_the_hill_step_validatio
     assert not test_centres & {FunctionTask("validation", 2).function(f).centre for f in range(2)}
 
 
+def test_the_searchs_own_examples_are_its_exchanges_scored_as_it_parses():
+    from llmrl.algos.props_search import build_optimizer_llm
+
+    g = PropsGRPOParams(functions={"dims": [2]})
+    h = PropsHeldoutParams(dims=[2], iterations=3, prompt_token_budget=640)
+    search = PropsSearchParams(tasks=["quadratic"], max_reasks=1)
+    lp = PropsLLMParams(spec="tiny", answer_prefix=PREFIX, faults={"max_retries": 0})
+    optimizer = build_optimizer_llm(lp, cache_dir=None, llm=load_model("tiny"))
+    got = search_loop_examples(optimizer, "train", [0, 1], g, search, h, SPACE, lp)
+    # the tiny model's replies are junk: every turn is asked twice, then falls back
+    assert len(got) == 2 * 3 * 2 and {ex["attempt"] for ex in got} == {0, 1}
+    assert {(ex["k"], ex["attempt"]) for ex in got} == {(k, a) for k in range(3) for a in (0, 1)}
+    for ex in got:
+        assert ex["split"] == "train" and ex["producer"] == "search"
+        assert ex["prompt"][-1] == {"role": "assistant", "content": PREFIX}
+        assert ("No point has been evaluated yet" in ex["prompt"][1]["content"]) == (ex["k"] == 0)
+        reask = [m["role"] for m in ex["prompt"][:-1]]
+        assert reask == (["system", "user"] if ex["attempt"] == 0 else ["system", "user", "assistant", "user"])
+        history, current = json.loads(ex["history"]), json.loads(ex["current"])
+        assert len(history) == ex["k"] and current == (history[-1][0] if history else None)
+    late = next(ex for ex in got if ex["k"] == 2)
+    fn = TestFunction.from_json(late["function"])
+    history, current = json.loads(late["history"]), json.loads(late["current"])
+    copy = score_reply(_line(current), fn, history, -6, 6, current)
+    assert not copy.parsed and copy.error == "same_as_current"  # as the search rejects it, not as a repeat
+    assert score_reply(_line(current), fn, history, -6, 6).duplicate  # the made-up examples' rule
+    assert reply_outcomes([{"id": late["id"], "completion": _line(current)[len(PREFIX):]}],
+                          [late], -6, 6)[0].error == "same_as_current"
+    with pytest.raises(ValueError, match="split"):
+        search_loop_examples(optimizer, "test", [0], g, search, h, SPACE, lp)
+
+    made = function_records("train", 6, DATA, SPACE, optimum_hint=True, total_iterations=3, answer_prefix=PREFIX)
+    mixed = mix_examples(made, got, 0.5, 6, np.random.default_rng(0))
+    assert [ex["id"] for ex in mixed] == list(range(6)) and [ex["producer"] for ex in mixed[3:]] == ["search"] * 3
+    assert mixed[:3] == [dict(ex, id=i) for i, ex in enumerate(made[:3])]
+    assert len({json.dumps(ex, sort_keys=True) for ex in mix_examples(made, got[:2], 0.5, 6, np.random.default_rng(0))
+                if ex["producer"] == "search"}) == 2  # at most every searched example, never one twice
+    Dataset.from_list(mixed)  # one table: made-up and searched examples share their columns
+
+    # every training seed validates on the same examples, however many train exchanges its searches produced
+    gp = PropsGRPOParams(functions={"dims": [2], "train_examples": 6, "validation_examples": 4, "history_max": 2})
+    one, other = (grpo_data(gp, SPACE, None, {"train": train, "validation": got}) for train in (got, got[:3]))
+    assert one.validation == other.validation and one.train != other.train
+    assert one.describe["validation_digest"] == other.describe["validation_digest"]
+
+
+def test_with_searches_part_one_searches_and_the_training_parts_read_its_examples(tmp_path):
+    from .faults_support import repo_params, run_stage, stage_repo
+
+    params = repo_params()
+    g = params["props"]["grpo"]
+    g.update(model="tiny", total_iterations=3)
+    g["functions"].update(dims=[2], train_examples=8, validation_examples=4, history_max=2, loop_functions=1,
+                          loop_validation_functions=1, loop_share=0.5)
+    g["trainer"].update(num_generations=2, per_device_train_batch_size=2, max_steps=4, max_completion_length=6)
+    params["props"]["heldout"].update(dims=[2], iterations=3)
+    root = stage_repo(tmp_path, params)
+    for part in (1, 2):
+        run = run_stage(root, "props_grpo_part.py", str(part), "3", "0")
+        assert run.returncode == 0, run.stderr[-3000:]
+    first, second = (root / "models/props/grpo_parts" / str(n) / "0" for n in (1, 2))
+    assert sorted(x.name for x in first.iterdir()) == ["part.json", "search_examples.json"]  # searched, trained nothing
+    assert json.loads((first / "part.json").read_text())["last_step"] == 0
+    searched = json.loads((first / "search_examples.json").read_text())
+    assert {ex["split"] for ex in searched["train"]} == {"train"} and searched["validation"]
+    assert {ex["split"] for ex in searched["validation"]} == {"validation"}
+    part = json.loads((second / "part.json").read_text())
+    assert part["last_step"] == 2 and part["search_examples"]["train"]["used"] == 4  # parts 2-3 share the 4 steps
+    assert (second / "search_examples.json").read_text() == (first / "search_examples.json").read_text()
+    assert json.loads((second / "selection.json").read_text())["history"][0]["step"] == 0  # the base validated
+
+
 def test_paired_bootstrap_finds_a_shift_and_no_shift():
     rng = np.random.default_rng(0)
     items = rng.normal(size=(1, 24)) * 3  # item difficulty, shared by both methods
@@ -409,6 +482,10 @@ def test_the_tuning_gate_needs_every_seed_above_its_base_without_the_selections_
         tuning_gate([_summary(3, None, 0.3, 0.3, 50)])
     with pytest.raises(ValueError, match="no training seeds"):
         tuning_gate([])
+    apart = [dict(_summary(0, 0.1, 0.3, 0.35, 150), validation_digest="a"),
+             dict(_summary(1, 0.1, 0.2, 0.2, 200), validation_digest="b")]
+    with pytest.raises(ValueError, match="validated on different examples"):
+        tuning_gate(apart)
 
 
 def _replies(step, scores):

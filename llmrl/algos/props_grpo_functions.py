@@ -11,11 +11,19 @@ evaluated yet"), produced by
 - ``hill_climb``: a partial hill-climbing run (a uniform first point, then best so far + N(0, sigma^2) with sigma
   log-uniform over ``hill_step``), i.e. the history of a search that has started to converge.
 
+Beside these made-up histories, ``loop_functions`` > 0 adds the search's own prompts (``search_loop_examples``): the
+base model runs the ProPS search on train (and validation) functions at the held-out test's settings, and every
+exchange it had becomes an example, the chat exactly as the search sent it: its own proposals, repeats and fallback
+draws in the history, the oldest entries dropped to the prompt budget, and the re-asks (its rejected reply and the
+correction) that a one-step example never shows. Their replies are scored against every point evaluated before the
+turn and parsed as the search parses them (a copy of the search's current point is rejected).
+
 Training examples come from the ``train`` split only, validation examples (checkpoint selection) from the
 ``validation`` split; the ``test`` split is never built here (``function_records`` refuses it).
 
 Rewards (each a pure function of the completions and the example's columns; ``score_reply`` is the one place a
-reply is judged, parsed by the search's strict parser with no "current" point, duplicates judged apart):
+reply is judged, parsed by the search's strict parser, with no "current" point for a made-up history and the
+search's current point for its own turns; duplicates judged apart):
 
 - ``improvement``: (f(x) - best) / (optimum - best) clipped to [0, 1], where best is the best value in the
   history: the share of the remaining gap to the optimum the proposal closes (per function, so functions of
@@ -29,6 +37,7 @@ reply is judged, parsed by the search's strict parser with no "current" point, d
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,13 +47,16 @@ import numpy as np
 from llmrl.agents.linear_policy import PlainVector
 from llmrl.algos.grpo import RewardFunc
 from llmrl.algos.props_grpo import MALFORMED, reply_texts
+from llmrl.algos.props_function_search import function_task, search_budget
 from llmrl.algos.props_prompts import PromptSettings, parse_reply, search_messages
-from llmrl.config.props import PropsFunctionDataParams, PropsSpaceParams
+from llmrl.algos.props_search import OptimizerLLM, SearchState, props_search
+from llmrl.config.props import (PropsFunctionDataParams, PropsGRPOParams, PropsHeldoutParams, PropsLLMParams,
+                                PropsSearchParams, PropsSpaceParams)
 from llmrl.envs.functions import FunctionTask, TestFunction, draw_function
 
 __all__ = ["PRODUCERS", "history_for", "function_records", "ReplyOutcome", "score_reply", "improvement_reward",
            "parse_penalty", "duplicate_penalty", "format_reward", "make_function_rewards", "outcome_rates", "GRPOData",
-           "grpo_data", "reply_outcomes"]
+           "grpo_data", "reply_outcomes", "loop_examples", "search_loop_examples", "mix_examples"]
 
 PRODUCERS = ("random", "hill_climb")
 
@@ -95,9 +107,63 @@ def function_records(split: str, n: int, p: PropsFunctionDataParams, space: Prop
             "prompt": messages + ([{"role": "assistant", "content": answer_prefix}] if answer_prefix else []),
             "function": fn.to_json(),
             "history": json.dumps(history),
+            "current": "null",
+            "attempt": 0,
             "answer_prefix": answer_prefix,
         })
     return records
+
+
+def loop_examples(states: Sequence[SearchState], task: FunctionTask, answer_prefix: str) -> list[dict]:
+    """One example per exchange of the finished searches ``states`` on ``task``'s functions (ids left to the
+    caller): the chat the search sent (answer prefix opened), the function, every point evaluated before the turn
+    and the search's current point then."""
+    out = []
+    for st in states:
+        fn = task.function(st.seed)
+        for rec in st.records:
+            before = [([float(x) for x in params], float(value)) for params, value in st.history[:rec["iteration"] - 1]]
+            current = before[-1][0] if before else None
+            for ex in rec["exchanges"]:
+                if "messages" not in ex:  # an LLM fault: nothing was asked of the model
+                    continue
+                out.append({
+                    "id": -1, "split": task.split, "dim": task.n_params, "family": fn.family, "producer": "search",
+                    "k": len(before),
+                    "prompt": ex["messages"] + ([{"role": "assistant", "content": answer_prefix}] if answer_prefix
+                                                else []),
+                    "function": fn.to_json(), "history": json.dumps(before), "current": json.dumps(current),
+                    "attempt": ex["attempt"], "answer_prefix": answer_prefix,
+                })
+    return out
+
+
+def search_loop_examples(optimizer: OptimizerLLM, split: str, functions: Sequence[int], g: PropsGRPOParams,
+                         search: PropsSearchParams, h: PropsHeldoutParams, space: PropsSpaceParams,
+                         llm_p: PropsLLMParams) -> list[dict]:
+    """``optimizer``'s ProPS searches of ``split``'s functions ``functions`` in the held-out test's dimensions and at
+    its settings, as examples (``loop_examples``). Train and validation functions only: the test split never reaches
+    GRPO."""
+    if split not in ("train", "validation"):
+        raise ValueError(f"split: the search's examples come from 'train' or 'validation' functions, got {split!r}")
+    budget = search_budget(search, h)
+    out: list[dict] = []
+    for dim in h.dims:
+        task = function_task(split, dim, g)
+        states: list[SearchState] = []
+        for _ in props_search(task, ["props"], list(functions), optimizer, budget, space, llm_p, states_out=states):
+            pass
+        out += loop_examples(states, task, llm_p.answer_prefix)
+    return out
+
+
+def mix_examples(made: Sequence[dict], searched: Sequence[dict], share: float, n: int,
+                 rng: np.random.Generator) -> list[dict]:
+    """``n`` examples, ``share`` of them (at most all of ``searched``) drawn without replacement from the search's
+    own, the rest the first of ``made``; ids renumbered 0..n-1 in that order."""
+    n_searched = min(len(searched), round(share * n))
+    picked = [searched[i] for i in sorted(rng.choice(len(searched), n_searched, replace=False))] if n_searched else []
+    return [dict(ex, id=i) for i, ex in enumerate([*made[:n - n_searched], *picked])]
 
 
 # ------------------------------------------------------------------------------------------------ rewards
@@ -120,9 +186,10 @@ class ReplyOutcome:
 
 
 def score_reply(text: str, fn: TestFunction, history: Sequence[tuple[Sequence[float], float]], low: float,
-                high: float) -> ReplyOutcome:
-    """Judge a whole reply (answer prefix included) against its example (module doc)."""
-    parsed = parse_reply(text, fn.dim, low, high, current=None)
+                high: float, current: Sequence[float] | None = None) -> ReplyOutcome:
+    """Judge a whole reply (answer prefix included) against its example (module doc); ``current``: the search's
+    current point, which the parser rejects a copy of (the search's own examples)."""
+    parsed = parse_reply(text, fn.dim, low, high, current=None if current is None else np.asarray(current))
     well_formed = parsed.error not in MALFORMED
     if not parsed.ok:
         return ReplyOutcome(False, parsed.error, well_formed, False, None, 0.0)
@@ -137,9 +204,11 @@ def score_reply(text: str, fn: TestFunction, history: Sequence[tuple[Sequence[fl
     return ReplyOutcome(True, None, True, duplicate, value, gain)
 
 
-def _outcomes(completions, function, history, answer_prefix, low: float, high: float) -> list[ReplyOutcome]:
-    return [score_reply(t, TestFunction.from_json(f), json.loads(h), low, high)
-            for t, f, h in zip(reply_texts(completions, answer_prefix), function, history)]
+def _outcomes(completions, function, history, answer_prefix, low: float, high: float,
+              current=None) -> list[ReplyOutcome]:
+    current = current if current is not None else ["null"] * len(function)
+    return [score_reply(t, TestFunction.from_json(f), json.loads(h), low, high, json.loads(c))
+            for t, f, h, c in zip(reply_texts(completions, answer_prefix), function, history, current)]
 
 
 def reply_outcomes(rows: Sequence[dict], records: Sequence[dict], low: float, high: float) -> list[ReplyOutcome]:
@@ -150,33 +219,35 @@ def reply_outcomes(rows: Sequence[dict], records: Sequence[dict], low: float, hi
     for r in rows:
         ex = by_id[r["id"]]
         out.append(score_reply((ex.get("answer_prefix") or "") + r["completion"], TestFunction.from_json(ex["function"]),
-                               json.loads(ex["history"]), low, high))
+                               json.loads(ex["history"]), low, high, json.loads(ex.get("current", "null"))))
     return out
 
 
-def improvement_reward(completions, function, history, answer_prefix=None, *, low: float, high: float,
-                       **_) -> list[float]:
+def improvement_reward(completions, function, history, answer_prefix=None, current=None, *, low: float,
+                       high: float, **_) -> list[float]:
     """The share of the gap between the history's best and the optimum that the proposal closes (0 if none)."""
-    return [o.improvement for o in _outcomes(completions, function, history, answer_prefix, low, high)]
+    return [o.improvement for o in _outcomes(completions, function, history, answer_prefix, low, high, current)]
 
 
-def parse_penalty(completions, function, history, answer_prefix=None, *, low: float, high: float,
-                  **_) -> list[float]:
+def parse_penalty(completions, function, history, answer_prefix=None, current=None, *, low: float,
+                  high: float, **_) -> list[float]:
     """-1 for a reply the search's strict parser rejects."""
-    return [0.0 if o.parsed else -1.0 for o in _outcomes(completions, function, history, answer_prefix, low, high)]
+    return [0.0 if o.parsed else -1.0
+            for o in _outcomes(completions, function, history, answer_prefix, low, high, current)]
 
 
-def duplicate_penalty(completions, function, history, answer_prefix=None, *, low: float, high: float,
-                      **_) -> list[float]:
+def duplicate_penalty(completions, function, history, answer_prefix=None, current=None, *, low: float,
+                      high: float, **_) -> list[float]:
     """-1 for a point already in the history."""
     return [-1.0 if o.duplicate else 0.0
-            for o in _outcomes(completions, function, history, answer_prefix, low, high)]
+            for o in _outcomes(completions, function, history, answer_prefix, low, high, current)]
 
 
-def format_reward(completions, function, history, answer_prefix=None, *, low: float, high: float,
-                  **_) -> list[float]:
+def format_reward(completions, function, history, answer_prefix=None, current=None, *, low: float,
+                  high: float, **_) -> list[float]:
     """1 for a well-formed answer line (count, range and novelty aside)."""
-    return [float(o.well_formed) for o in _outcomes(completions, function, history, answer_prefix, low, high)]
+    return [float(o.well_formed)
+            for o in _outcomes(completions, function, history, answer_prefix, low, high, current)]
 
 
 def make_function_rewards(space: PropsSpaceParams) -> list[RewardFunc]:
@@ -225,18 +296,33 @@ class GRPOData:
     describe: dict
 
 
-def grpo_data(p, space: PropsSpaceParams, horizon: int | None) -> GRPOData:
+def grpo_data(p, space: PropsSpaceParams, horizon: int | None, searched: dict[str, list[dict]] | None = None
+              ) -> GRPOData:
     """The examples and rewards ``p`` (``PropsGRPOParams``) asks for: function episodes (``data: functions``,
-    validation on the validation split's functions) or the original's scored control vectors (``data: control``,
-    validation on the held-out vectors), at the search's ``horizon`` for a control task."""
+    validation on the validation split's functions), with ``searched`` (the search's own examples by split,
+    ``search_loop_examples``) mixed in at ``p.functions.loop_share``, or the original's scored control vectors
+    (``data: control``, validation on the held-out vectors), at the search's ``horizon`` for a control task."""
     if p.data == "functions":
         f = p.functions
         kw = dict(optimum_hint=p.optimum_hint, total_iterations=p.total_iterations, answer_prefix=p.answer_prefix)
         train = function_records("train", f.train_examples, f, space, **kw)
         validation = function_records("validation", f.validation_examples, f, space, **kw)
-        return GRPOData(train, validation, make_function_rewards(space), ("id", "answer_prefix", "dim", "producer", "k"),
-                        {"data": "functions", "train_examples": len(train), "validation_examples": len(validation),
-                         "dims": list(f.dims), "history": [f.history_min, f.history_max]})
+        describe = {"data": "functions", "train_examples": len(train), "validation_examples": len(validation),
+                    "dims": list(f.dims), "history": [f.history_min, f.history_max]}
+        if searched:
+            # a generator per split: the validation draw must not depend on how many train exchanges a seed's
+            # searches produced, so every training seed validates on the same examples
+            train = mix_examples(train, searched["train"], f.loop_share, f.train_examples,
+                                 np.random.default_rng([f.seed, 7_331, 0]))
+            validation = mix_examples(validation, searched["validation"], f.loop_share, f.validation_examples,
+                                      np.random.default_rng([f.seed, 7_331, 1]))
+            describe["search_examples"] = {
+                split: {"available": len(searched[split]), "used": sum(ex["producer"] == "search" for ex in exs),
+                        "reasks_used": sum(ex["producer"] == "search" and ex["attempt"] > 0 for ex in exs)}
+                for split, exs in (("train", train), ("validation", validation))}
+        describe["validation_digest"] = hashlib.sha256(json.dumps(validation, sort_keys=True).encode()).hexdigest()[:16]
+        return GRPOData(train, validation, make_function_rewards(space),
+                        ("id", "answer_prefix", "dim", "producer", "k", "attempt"), describe)
     from llmrl.algos.props_grpo import RewardSettings, fine_tune_data, make_reward_funcs
     from llmrl.envs.control import get_task
 

@@ -223,6 +223,14 @@ class PropsFunctionDataParams(Section):
                                                                                          "curvatures (log-uniform)")
     step_size: float = Field(1.0, gt=0, description="exploration step the prompt suggests (the quadratic check's)")
     seed: int = Field(0, ge=0, description="seed of the dimensions, history lengths, producers and histories")
+    loop_functions: int = Field(0, ge=0, description="train functions per dimension the base model searches before "
+                                                     "training (the ProPS search at props.heldout's dimensions and "
+                                                     "settings), every exchange of those searches an example; 0: "
+                                                     "made-up histories only")
+    loop_validation_functions: int = Field(0, ge=0, description="validation functions per dimension searched the same "
+                                                                "way for the validation examples")
+    loop_share: float = Field(0.5, ge=0, le=1, description="share of the training (and validation) examples taken "
+                                                           "from those searches, where there are any")
 
     @model_validator(mode="after")
     def _ranges(self) -> PropsFunctionDataParams:

@@ -176,6 +176,10 @@ def tuning_gate(summaries: Sequence[dict]) -> dict:
     """
     if not summaries:
         raise ValueError("tuning_gate: no training seeds")
+    digests = {s.get("seed"): s["validation_digest"] for s in summaries if "validation_digest" in s}
+    if len(set(digests.values())) > 1:
+        raise ValueError(f"tuning_gate: the training seeds validated on different examples (digests {digests}); "
+                         "their gains cannot be paired by episode")
     per_seed = []
     for s in summaries:
         if s.get("validation_score_base") is None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmrl.algos.blackbox import cem, hill_climb, random_search
+from llmrl.algos.props_function_search import function_task, search_budget
 from llmrl.algos.props_search import props_search
 from llmrl.envs.functions import FunctionTask, gap_closed
 
@@ -31,19 +32,6 @@ __all__ = ["BASELINES", "function_task", "search_budget", "run_entry", "optimize
            "baseline_runs"]
 
 BASELINES = ("random_search", "hill_climb", "cem")
-
-
-def function_task(split: str, dim: int, g: PropsGRPOParams) -> FunctionTask:
-    """The ``split`` functions of dimension ``dim`` in the families GRPO trained on."""
-    f = g.functions
-    return FunctionTask(split, dim, step_size=f.step_size, centre_range=f.centre_range, curvature=tuple(f.curvature))
-
-
-def search_budget(search: PropsSearchParams, h: PropsHeldoutParams) -> PropsSearchParams:
-    """props_search's settings for one held-out search: the test's evaluations and prompt budget, one episode per
-    evaluation (a function has no episodes)."""
-    return search.model_copy(update={"tasks": ["quadratic"], "methods": ["props"], "iterations": h.iterations,
-                                     "episodes_per_eval": 1, "prompt_token_budget": h.prompt_token_budget})
 
 
 def run_entry(task: FunctionTask, space: PropsSpaceParams, method: str, rep: int, state, rows: Sequence[dict]) -> dict:
