@@ -97,7 +97,8 @@ def main() -> None:
     for benchmark in args.benchmarks:
         path = ROOT / "data" / "kalm" / "real" / f"{benchmark}.h5"
         t0 = time.perf_counter()
-        ours_ds = build_dataset(read_episodes(path), table, benchmark)
+        # the raw path's columns (observation ⊕ embedding): egocentric features would only widen both alike
+        ours_ds = build_dataset(read_episodes(path), table, benchmark, egocentric=False)
         ours_build = time.perf_counter() - t0
         t0 = time.perf_counter()
         raw_ds = raw_dataset(read_episodes(path), table, benchmark)

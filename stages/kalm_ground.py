@@ -53,21 +53,23 @@ REAL = paths.kalm_data().real
 
 
 def gate_outcomes(benchmark: str, model, train, val, p: KalmGroundParams, seed: int, settings: kl.EnvSettings,
-                  table: EmbeddingTable) -> tuple[dict[str, list[bool]], dict]:
+                  table: EmbeddingTable, egocentric: bool) -> tuple[dict[str, list[bool]], dict]:
     """Gate 0's episode successes of the grounded model, random actions and BC (trained here on ``train``; greedy,
     and sampled from its action distribution where actions are discrete: a greedy Markov policy that errs at a wall
     repeats the error until the episode times out, and the grounded model, greedy too, sees its history), on
     ``kalm.ground.gate_swap_benchmarks`` also the grounded model and the sampled BC under another task's
     instruction (``*_swapped``: success still judged on the episode's own goal), and BC's goal sensitivity on the
-    held-out episodes ``val``."""
+    held-out episodes ``val``. ``egocentric``: BC's input carries BabyAI's egocentric features, as the grounded
+    model's does."""
     goals = gate_goals(benchmark)
     algo = bc_algo(benchmark, p.gate_bc_steps)
     projection = fit_projection(train, table, algo)
     learnable = make_learnable(algo, seed, p.threads)
-    for _ in train_offline(learnable, build_dataset(train, table, benchmark, projection), p.gate_bc_steps,
-                           p.gate_bc_steps):
+    for _ in train_offline(learnable, build_dataset(train, table, benchmark, projection, egocentric=egocentric),
+                           p.gate_bc_steps, p.gate_bc_steps):
         pass
-    bc = OfflinePolicy(learnable, np.zeros(table.dim, np.float32), name="bc", projection=projection)
+    bc = OfflinePolicy(learnable, np.zeros(table.dim, np.float32), name="bc", projection=projection,
+                       egocentric=egocentric)
     instructions = table.lookup([g.instruction for g in goals])
     rows = {"grounded": grounded_act(model, goals), "random": random_act(benchmark, seed),
             "bc": offline_act(bc, instructions)}
@@ -85,13 +87,15 @@ def gate_outcomes(benchmark: str, model, train, val, p: KalmGroundParams, seed: 
             offline_goal_sensitivity(bc, val, benchmark, table))
 
 
-def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, launch, live) -> tuple:
+def ground_seed(benchmark: str, seed: int, p: KalmGroundParams, train, val, launch, live, egocentric: bool
+                ) -> tuple:
     """One grounding run, its curves logged to ``live`` (None off the main process): (model, train.json record,
-    metrics)."""
+    metrics). ``egocentric``: the model's input carries BabyAI's egocentric features."""
     accelerator, main_process = launch.accelerator, launch.is_main
     start = time.perf_counter()
     rng = seed_everything(seed)
-    model = build_grounded(grounding_spec(benchmark, train, p), lora=p.lora, device=launch.device)
+    model = build_grounded(grounding_spec(benchmark, train, p, egocentric=egocentric), lora=p.lora,
+                           device=launch.device)
     samples = build_samples(model, train, p, rng)
     selection, unseen = heldout_samples(model, val, benchmark, p, np.random.default_rng(seed + 1))
     before, unseen_before = evaluate_losses(model, selection, p), evaluate_losses(model, unseen, p)
@@ -161,13 +165,15 @@ def main(argv: list[str] | None = None) -> None:
     val = read_episodes(REAL / f"{benchmark}_validation.h5")
     # only the main process writes the curves
     with open_live(out.plots) if main_process else contextlib.nullcontext() as live:
-        model, record, metrics = ground_seed(benchmark, seed, p, train, val, launch, live)
+        model, record, metrics = ground_seed(benchmark, seed, p, train, val, launch, live,
+                                             env_p.egocentric_input(benchmark))
     if main_process:
         if p.gate_episodes:
             t0 = time.perf_counter()
             table = EmbeddingTable.load(REAL / "embeddings.npz")
             flags, bc_sensitivity = gate_outcomes(benchmark, model, train, val, p, seed,
-                                                  kl.EnvSettings.for_benchmark(env_p, benchmark), table)
+                                                  kl.EnvSettings.for_benchmark(env_p, benchmark), table,
+                                                  env_p.egocentric_input(benchmark))
             # every episode's success, so that kalm_gate0 pools the seeds' episodes (not their rates)
             metrics["gate0"] = {"rows": {row: success_summary(f) for row, f in flags.items()}, "episodes": flags,
                                 "goals": len(gate_goals(benchmark)), "first_seed": p.gate_seed,

@@ -5,7 +5,8 @@ Usage: python -m stages.kalm_offline <algo> <real|imagine>, <algo> a key of kalm
 Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also
 data/kalm/imagine/<benchmark>_<level>.h5 for each of kalm.offline.imagined_levels. Writes, per seed k,
 models/kalm/offline/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; projection.npz, the
-instruction projection it reads, applied by OfflinePolicy.load's policy; train.json: curve, mix, time) and a
+instruction projection it reads, applied by OfflinePolicy.load's policy; policy_input.json: whether its input
+carries BabyAI's egocentric features, kalm.env.babyai_egocentric_input; train.json: curve, mix, time) and a
 dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; the item's folders are published together.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from llmrl.agents.offline_policy import save_learnable
 from llmrl.algos.kalm_offline import build_dataset, fit_projection, make_learnable, mix_episodes, train_offline
-from llmrl.config.kalm import KalmOfflineParams
+from llmrl.config.kalm import KalmEnvParams, KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.fingerprint import fingerprint_line
 from llmrl.data.embeddings import EmbeddingTable
@@ -34,6 +35,7 @@ def imagined_paths(benchmark: str, levels) -> list:
 def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> None:
     p = stage_params("kalm.offline", KalmOfflineParams)
     algo = p.algos[name]
+    egocentric = stage_params("kalm.env", KalmEnvParams).egocentric_input(algo.benchmark)
     run = f"{name}-{data}-{seed}"
     episodes = read_episodes(REAL / f"{algo.benchmark}.h5")
     table = EmbeddingTable.load(REAL / "embeddings.npz")
@@ -52,7 +54,7 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
                "imagined_passed": stats.imagined_available, "imagined_used": stats.imagined_episodes,
                "imagined_share": round(stats.imagined_share, 4), "mix_ratio": p.mix_ratio}
         log.info("%s: real + imagined dataset %s", run, mix)
-    dataset = build_dataset(episodes, table, algo.benchmark, projection)
+    dataset = build_dataset(episodes, table, algo.benchmark, projection, egocentric=egocentric)
     learnable = make_learnable(algo, seed, p.threads)
     rows = []
     start = time.perf_counter()
@@ -67,7 +69,7 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     out = models / f"seed-{seed}"
     out.mkdir(parents=True)
     # with its folder's checksums, checked by OfflinePolicy.load
-    save_learnable(learnable, out / "model.d3", projection)
+    save_learnable(learnable, out / "model.d3", projection, egocentric=egocentric)
     write_json(out / "train.json", {
         "algo": algo.algo, "benchmark": algo.benchmark, "data": data, "seed": seed, "steps": algo.steps,
         "transitions": dataset.transition_count, "episodes": len(episodes), "mix": mix,

@@ -277,7 +277,8 @@ def _offline_dataset():
         episodes.append(Episode(observations={"obs": obs, "next_obs": obs}, actions=rng.integers(0, 7, n),
                                 rewards=term.astype(np.float32), terminated=term, truncated=np.zeros(n, bool),
                                 mission="go to the red box", info={}))
-    return build_dataset(episodes, EmbeddingTable(["go to the red box"], np.ones((1, 4), np.float32)), "babyai")
+    return build_dataset(episodes, EmbeddingTable(["go to the red box"], np.ones((1, 4), np.float32)), "babyai",
+                         egocentric=False)
 
 
 def _offline_run(seed):

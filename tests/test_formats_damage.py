@@ -203,7 +203,7 @@ def model_folders(tmp_path_factory, tiny_llm):
     learnable = d3rlpy.algos.DiscreteBCConfig(batch_size=4).create(device=False)
     learnable.create_impl((4,), 2)
     projection = InstructionProjection.fit(np.random.default_rng(0).normal(size=(5, 2)), 2)  # a kalm_offline model's
-    save_learnable(learnable, root / "d3" / "model.d3", projection)
+    save_learnable(learnable, root / "d3" / "model.d3", projection, egocentric=False)
     build = {"model": "tiny", "variant": "lora", "seed": 0}
     save_agent(build_agent(**build), root / "glam_agent", {"build": build, "history": 1})
     save_symbolic(root / "glam_symbolic", {0: SymbolicActorCritic()},

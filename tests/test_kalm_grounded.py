@@ -329,6 +329,60 @@ def test_babyai_states_are_categorical_and_imagined_codes_are_exact():
     assert after["obs_accuracy"] > before["obs_accuracy"] and after["obs_loss"] < before["obs_loss"]
 
 
+def test_egocentric_input_blocks_extend_the_features_and_survive_save_load(tmp_path):
+    """With ``obs_egocentric`` the codec's input ends with the egocentric one-hot blocks of each state
+    (``kalm_egocentric.egocentric_onehot``) and the heads still predict the compact state's fields; the spec
+    keeps the flag through save and load, and a spec written without the key loads as off."""
+    import json
+
+    from llmrl.envs import kalm_babyai as bab
+    from llmrl.envs import kalm_egocentric as ke
+    from llmrl.envs.kalm_episodes import expert_episodes
+    from llmrl.llm.grounded import CONFIG_FILE, ObsCodec
+
+    eps = list(expert_episodes("babyai", kl.goals("babyai", "train")[:1], 2, seed=0,
+                               settings=kl.EnvSettings(max_steps=16)))
+    spec = kg.grounding_spec("babyai", eps, _params(), egocentric=True)
+    assert spec.obs_egocentric
+    plain = ObsCodec(dataclasses.replace(spec, obs_egocentric=False))
+    codec = ObsCodec(spec)
+    assert codec.features == plain.features + ke.EGOCENTRIC_ONEHOT_DIM and codec.out_features == plain.out_features
+    obs = np.concatenate([e.observations["obs"] for e in eps])
+    feats = codec.encode(torch.from_numpy(obs)).numpy()
+    np.testing.assert_array_equal(feats[:, :plain.features], plain.encode(torch.from_numpy(obs)).numpy())
+    np.testing.assert_array_equal(feats[:, plain.features:], ke.egocentric_onehot(obs))
+    turned = obs[:1].copy()
+    turned[0, 2] = (turned[0, 2] + 1) % 4  # the same state but for the agent's direction
+    both = codec.encode(torch.from_numpy(np.concatenate([obs[:1], turned]))).numpy()[:, plain.features:]
+    assert (both[0] != both[1]).any()
+    with pytest.raises(ValueError, match="obs_egocentric"):
+        ObsCodec(GroundingSpec(obs_dim=D, action_dim=A, discrete=True, obs_egocentric=True))
+    with pytest.raises(ValueError, match="babyai_egocentric_input"):
+        kg.grounding_spec("metaworld", [_episode(np.random.default_rng(0))], _params(), egocentric=True)
+
+    torch.manual_seed(0)
+    model = build_grounded(spec)  # _params(): the tiny LM with LoRA
+    assert model.io.state_proj.in_features == codec.features
+    rng = np.random.default_rng(0)
+    samples = kg.build_samples(model, eps, _params(), rng)
+    batch = collate(samples["trajectory"] + samples["dynamics"], model.llm.tokenizer.pad_token_id)
+    model.eval()
+    with torch.no_grad():
+        ref = {k: float(v) for k, v in model.losses(batch).items()}
+    assert np.isfinite(list(ref.values())).all() and ref["obs_loss"] > 0
+    _actions, nexts, _lengths = model.imagine([eps[0].mission], obs[:1], 2)
+    assert nexts.shape == (1, 2, bab.OBS_DIM)
+    model.save(tmp_path / "g")
+    assert json.loads((tmp_path / "g" / CONFIG_FILE).read_text())["obs_egocentric"] is True
+    loaded = GroundedLM.load(tmp_path / "g")
+    assert loaded.spec.obs_egocentric and loaded.codec.features == codec.features
+    with torch.no_grad():
+        assert {k: float(v) for k, v in loaded.losses(batch).items()} == pytest.approx(ref, abs=1e-5)
+    saved = json.loads((tmp_path / "g" / CONFIG_FILE).read_text())
+    del saved["obs_egocentric"]
+    assert not GroundingSpec(**saved).obs_egocentric
+
+
 def test_instruction_scores_with_a_shared_prompt_equal_whole_sequences():
     """``instruction_logprobs`` runs the trajectory prompt once and the candidates from its cache: the same
     log-probabilities as scoring each whole sequence alone."""
@@ -640,7 +694,7 @@ def test_metaworld_copy_indices_match_the_simulator():
 def test_metaworld_states_are_predicted_as_changes_with_deterministic_dims_copied():
     rng = np.random.default_rng(4)
     eps = _metaworld_like_episodes(rng)
-    spec = kg.grounding_spec("metaworld", eps, _params())
+    spec = kg.grounding_spec("metaworld", eps, _params(), egocentric=False)
     assert spec.obs_delta and sorted(map(tuple, spec.obs_copy)) == sorted(kl.obs_copies("metaworld"))
     torch.manual_seed(0)
     model = build_grounded(spec)

@@ -72,7 +72,7 @@ def test_dataset_flags_every_episode_end_and_appends_the_embedding():
     eps = [_episode(5, "go to the red box"), _episode(7, "go to the red ball"), _episode(4, "go to the red box")]
     eps[1].terminated[-1] = False
     eps[1].truncated[-1] = True
-    ds = build_dataset(eps, table, "babyai")
+    ds = build_dataset(eps, table, "babyai", egocentric=False)
     assert len(ds.episodes) == 3  # no step dropped after a missing end flag
     assert [len(e.observations) for e in ds.episodes] == [5, 7, 4]
     assert ds.transition_count == 5 + 6 + 4  # a timeout episode has no transition out of its last step
@@ -80,7 +80,7 @@ def test_dataset_flags_every_episode_end_and_appends_the_embedding():
     assert ds.episodes[1].observations.shape == (7, d + 3)
     np.testing.assert_array_equal(ds.episodes[1].observations[:, d:], np.tile([0, 1, 0], (7, 1)))
     with pytest.raises(MissingEmbeddingError, match="pick up"):
-        build_dataset([_episode(3, "pick up the key")], table, "babyai")
+        build_dataset([_episode(3, "pick up the key")], table, "babyai", egocentric=False)
 
 
 def _smollm_like(n: int, dim: int = 576, seed: int = 0) -> np.ndarray:
@@ -124,7 +124,7 @@ def test_dataset_with_projection_holds_the_projected_instruction():
     proj = fit_projection(eps, table, algo)
     # fitted on the instructions of the data (two here), not on the whole table
     np.testing.assert_allclose(proj.mean, table.embeddings[:2].mean(0), rtol=1e-5)
-    ds = build_dataset(eps, table, "babyai", proj)
+    ds = build_dataset(eps, table, "babyai", proj, egocentric=False)
     d = kl.obs_dim("babyai")
     assert ds.episodes[0].observations.shape == (5, d + 2)
     np.testing.assert_allclose(ds.episodes[1].observations[0, d:], proj.apply(table.get(texts[1])), rtol=1e-6)
@@ -134,7 +134,7 @@ def test_dataset_with_projection_holds_the_projected_instruction():
 def test_wrong_observation_size_raises_before_training():
     table = EmbeddingTable(["go to the red box"], np.ones((1, 4), np.float32))
     with pytest.raises(kl.ObservationSizeError, match="observations/obs"):
-        build_dataset([_episode(5, "go to the red box", d=39)], table, "babyai")
+        build_dataset([_episode(5, "go to the red box", d=39)], table, "babyai", egocentric=False)
 
 
 def test_params_validate_d3rlpy_config_and_levels():
@@ -181,8 +181,8 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
                        config={"batch_size": 64, "learning_rate": 1e-3, "beta": 0.0})
     projection = fit_projection(episodes, table, algo)
     learnable = make_learnable(algo, seed=0)
-    rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai", projection), algo.steps,
-                              log_every=600))
+    rows = list(train_offline(learnable, build_dataset(episodes, table, "babyai", projection, egocentric=False),
+                              algo.steps, log_every=600))
     assert [r["step"] for r in rows] == [600, 1200, 1800, 2400, 3000]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
     pool = kl.GoalEnvPool(settings)
@@ -192,7 +192,7 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
     rand = np.mean([o.success for o in run_level(random_act("babyai", 0), goals, pool, 10, 20_000)])
     assert trained >= rand + 0.15, (trained, rand)  # measured: 0.625 at 3000 updates, random 0.15
     # save -> d3rlpy.load_learnable round trip gives the same actions
-    save_learnable(learnable, tmp_path / "model.d3", projection)
+    save_learnable(learnable, tmp_path / "model.d3", projection, egocentric=False)
     assert PROJECTION_FILE in (tmp_path / "SHA256SUMS").read_text()
     kept = (tmp_path / PROJECTION_FILE).read_bytes()
     (tmp_path / PROJECTION_FILE).unlink()  # listed in the manifest: its loss is named, not a size mismatch later
@@ -220,11 +220,51 @@ def test_discrete_bc_on_tiny_real_data_beats_random(tiny_goto, tmp_path):
         policy.act_batch(x[:, :39], embeds[[0] * 8])
 
 
+def test_egocentric_policy_input_is_the_datasets_row_and_is_recorded_with_the_model(tmp_path):
+    """With egocentric features, BC trains on obs ⊕ features ⊕ instruction and ``OfflinePolicy`` builds the same
+    row from an environment observation; the saved model records the flag, and a policy told otherwise fails
+    naming it."""
+    from llmrl.agents.offline_policy import INPUT_FILE, policy_observation
+    from llmrl.envs.kalm_egocentric import EGOCENTRIC_DIM, egocentric_features
+
+    goals = kl.goals("babyai", "train")[:2]
+    settings = kl.EnvSettings(max_steps=16, room_size=6, num_distractors=2)
+    episodes = list(expert_episodes("babyai", goals, 3, seed=0, settings=settings))
+    table = EmbeddingTable([g.instruction for g in goals], np.random.default_rng(0).normal(size=(2, 5)).astype(
+        np.float32))
+    ds = build_dataset(episodes, table, "babyai", egocentric=True)
+    d = kl.obs_dim("babyai")
+    first = ds.episodes[0].observations
+    assert first.shape[1] == d + EGOCENTRIC_DIM + table.dim
+    obs0 = episodes[0].observations["obs"]
+    np.testing.assert_array_equal(first[:, d:d + EGOCENTRIC_DIM], egocentric_features(obs0))
+    with pytest.raises(ValueError, match="babyai_egocentric_input"):
+        build_dataset(episodes, table, "metaworld", egocentric=True)
+    algo = OfflineAlgo(benchmark="babyai", algo="DiscreteBC", steps=5, config={"batch_size": 8})
+    learnable = make_learnable(algo, seed=0)
+    list(train_offline(learnable, ds, algo.steps, 5))
+    policy = OfflinePolicy(learnable, table.embeddings[0], egocentric=True)
+    env = kl.make_goal_env(goals[0], 10_000, settings)
+    obs, _ = env.reset(seed=10_000)
+    x = np.stack([obs, obs0[0]])
+    embeds = table.embeddings[[0, 0]]
+    np.testing.assert_array_equal(policy._input(x[1:], embeds[:1])[0], first[0])  # the dataset's row, exactly
+    assert policy.act_batch(x, embeds).shape == (2,)
+    np.testing.assert_array_equal(policy._input(x, embeds)[:, :d + EGOCENTRIC_DIM], policy_observation(x, True))
+    save_learnable(learnable, tmp_path / "model.d3", egocentric=True)
+    assert INPUT_FILE in (tmp_path / "SHA256SUMS").read_text()
+    loaded = OfflinePolicy.load(tmp_path / "model.d3", table.embeddings[0])
+    assert loaded.egocentric
+    np.testing.assert_array_equal(loaded.act_batch(x, embeds), policy.act_batch(x, embeds))
+    with pytest.raises(ValueError, match="egocentric"):
+        OfflinePolicy(learnable, table.embeddings[0]).act_batch(x, embeds)
+
+
 def test_sampled_actions_need_a_discrete_imitation_policy(tiny_goto):
     _goals, _settings, episodes, table = tiny_goto
     algo = OfflineAlgo(benchmark="babyai", algo="DiscreteCQL", steps=10, config={"batch_size": 16})
     learnable = make_learnable(algo, 0)
-    list(train_offline(learnable, build_dataset(episodes[:5], table, "babyai"), algo.steps, 10))
+    list(train_offline(learnable, build_dataset(episodes[:5], table, "babyai", egocentric=False), algo.steps, 10))
     x = episodes[0].observations["obs"][:2]
     with pytest.raises(ValueError, match="sampled actions need a discrete imitation policy"):
         OfflinePolicy(learnable, table.embeddings[0], name="dcql").action_probs(x, table.embeddings[[0, 0]])
@@ -235,7 +275,7 @@ def test_training_is_deterministic_per_seed(tiny_goto):
     algo = OfflineAlgo(benchmark="babyai", algo="DiscreteCQL", steps=60, config={"batch_size": 32})
     runs = []
     for seed in (3, 3, 4):
-        ds = build_dataset(episodes[:40], table, "babyai")
+        ds = build_dataset(episodes[:40], table, "babyai", egocentric=False)
         runs.append([r["loss"] for r in train_offline(make_learnable(algo, seed), ds, algo.steps, 30)])
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
@@ -251,9 +291,9 @@ def test_evaluate_benchmark_aggregates_over_training_seeds(tiny_goto, tmp_path):
     runs = []
     for seed in (0, 1):
         learnable = make_learnable(algo, seed)
-        list(train_offline(learnable, build_dataset(episodes[:20], table, "babyai"), algo.steps, 20))
+        list(train_offline(learnable, build_dataset(episodes[:20], table, "babyai", egocentric=False), algo.steps, 20))
         (tmp_path / f"dbc-real-{seed}").mkdir()
-        save_learnable(learnable, tmp_path / f"dbc-real-{seed}" / "model.d3")
+        save_learnable(learnable, tmp_path / f"dbc-real-{seed}" / "model.d3", egocentric=False)
         runs.append(("dbc-real", tmp_path / f"dbc-real-{seed}" / "model.d3"))
     easy = kl.goals("babyai", "easy")
     out = evaluate_benchmark("babyai", offline_runs=runs, table=full, levels=["easy"],

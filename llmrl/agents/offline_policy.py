@@ -1,8 +1,9 @@
 """A d3rlpy policy conditioned on a frozen instruction embedding, usable by the evaluation harness.
 
-The input is the flat observation followed by the instruction's embedding (the layout
-``llmrl.algos.kalm_offline.build_dataset`` trains on), projected by the model's ``InstructionProjection`` when it
-was trained with one (``projection.npz`` beside the model: callers pass the raw table embedding either way).
+The input is the flat observation, then BabyAI's egocentric features of it when the policy was trained with them
+(``policy_observation``; ``policy_input.json`` beside the model records it), then the instruction's embedding (the
+layout ``llmrl.algos.kalm_offline.build_dataset`` trains on), projected by the model's ``InstructionProjection``
+when it was trained with one (``projection.npz`` beside the model: callers pass the raw table embedding either way).
 d3rlpy's ``predict`` is greedy (the mean action of a continuous policy, the arg-max of a discrete one); a DiscreteBC
 policy's action distribution is ``action_probs``, what a sampled evaluation draws from
 (``llmrl.eval.kalm.offline_act``).
@@ -18,22 +19,42 @@ import gymnasium as gym
 import numpy as np
 
 from llmrl.data.embeddings import InstructionProjection
+from llmrl.envs.kalm_egocentric import EGOCENTRIC_DIM, egocentric_features
 
-__all__ = ["OfflinePolicy", "save_learnable", "PROJECTION_FILE"]
+__all__ = ["OfflinePolicy", "save_learnable", "policy_observation", "PROJECTION_FILE", "INPUT_FILE"]
 
 PROJECTION_FILE = "projection.npz"
+INPUT_FILE = "policy_input.json"  # {"egocentric": bool}: the observation columns the policy was trained on
+
+
+def policy_observation(obs: np.ndarray, egocentric: bool) -> np.ndarray:
+    """A policy's observation columns [..., d (+ EGOCENTRIC_DIM)]: ``obs`` followed, with ``egocentric``, by BabyAI's
+    egocentric features of it (``kalm_egocentric.egocentric_features``); what training and acting both read."""
+    obs = np.asarray(obs, dtype=np.float32)
+    return np.concatenate([obs, egocentric_features(obs)], -1) if egocentric else obs
+
+
+def _listed(folder: Path, name: str) -> bool:
+    """``name`` is in ``folder`` or in its checksum manifest (a deleted listed file must fail the checksum check,
+    not later as a size mismatch)."""
+    from llmrl.files import CHECKSUMS_FILE
+
+    manifest = folder / CHECKSUMS_FILE
+    return (folder / name).is_file() or (manifest.is_file() and any(
+        line.endswith(f"  {name}") for line in manifest.read_text().splitlines()))
 
 
 class OfflinePolicy:
     """Harness ``Policy`` for one instruction; ``act_batch`` serves lockstep evaluation of many episodes."""
 
     def __init__(self, learnable, embedding: np.ndarray, name: str = "offline", obs_dim: int | None = None,
-                 projection: InstructionProjection | None = None):
+                 projection: InstructionProjection | None = None, *, egocentric: bool = False):
         self.learnable = learnable
         self.embedding = np.asarray(embedding, dtype=np.float32).reshape(-1)
         self.name = name
         self.obs_dim = obs_dim
         self.projection = projection
+        self.egocentric = egocentric
 
     @classmethod
     def load(cls, path: str | os.PathLike, embedding: np.ndarray, name: str = "offline") -> OfflinePolicy:
@@ -41,21 +62,20 @@ class OfflinePolicy:
         pickle with no checksum: a damaged one is a ``DamagedFileError`` naming it, never unpickled)."""
         import d3rlpy
 
-        from llmrl.files import CHECKSUMS_FILE, verify_checksums
+        from llmrl.files import read_json, verify_checksums
 
         path = Path(path)
-        projection_file = path.parent / PROJECTION_FILE
-        manifest = path.parent / CHECKSUMS_FILE
-        # listed in the folder's manifest: required (a deleted file fails there, not later as a size mismatch)
-        has_projection = projection_file.is_file() or (
-            manifest.is_file() and any(line.endswith(f"  {PROJECTION_FILE}")
-                                       for line in manifest.read_text().splitlines()))
-        verify_checksums(path.parent, [path.name] + ([PROJECTION_FILE] if has_projection else []))
-        projection = InstructionProjection.load(projection_file) if has_projection else None
-        return cls(d3rlpy.load_learnable(str(path), device=False), embedding, name, projection=projection)
+        extras = [name for name in (PROJECTION_FILE, INPUT_FILE) if _listed(path.parent, name)]
+        verify_checksums(path.parent, [path.name, *extras])
+        projection = InstructionProjection.load(path.parent / PROJECTION_FILE) if PROJECTION_FILE in extras else None
+        # a folder without the record holds a policy of the observation and instruction alone
+        egocentric = bool(read_json(path.parent / INPUT_FILE)["egocentric"]) if INPUT_FILE in extras else False
+        return cls(d3rlpy.load_learnable(str(path), device=False), embedding, name, projection=projection,
+                   egocentric=egocentric)
 
     def with_instruction(self, embedding: np.ndarray) -> OfflinePolicy:
-        return OfflinePolicy(self.learnable, embedding, self.name, self.obs_dim, self.projection)
+        return OfflinePolicy(self.learnable, embedding, self.name, self.obs_dim, self.projection,
+                             egocentric=self.egocentric)
 
     def reset(self, env: gym.Env, seed: int) -> None:
         pass  # greedy and stateless
@@ -88,23 +108,28 @@ class OfflinePolicy:
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if self.projection is not None:
             embeddings = self.projection.apply(embeddings)
-        x = np.concatenate([np.asarray(obs, dtype=np.float32), embeddings], 1)
+        x = np.concatenate([policy_observation(obs, self.egocentric), embeddings], 1)
         expected = self.learnable.observation_shape[0] if self.learnable.impl is not None else x.shape[1]
         if x.shape[1] != expected:
-            raise ValueError(f"OfflinePolicy {self.name}: input size {x.shape[1]} (obs {obs.shape[1]} + "
-                             f"instruction {embeddings.shape[1]}) but the model takes {expected}")
+            ego = f" + egocentric {EGOCENTRIC_DIM}" if self.egocentric else ""
+            raise ValueError(f"OfflinePolicy {self.name}: input size {x.shape[1]} (obs {obs.shape[1]}{ego} + "
+                             f"instruction {embeddings.shape[1]}) but the model takes {expected}: egocentric="
+                             f"{self.egocentric} ({INPUT_FILE}, from kalm.env.babyai_egocentric_input) or the "
+                             "instruction projection is not what the model was trained with")
         return x
 
 
-def save_learnable(learnable, path: str | os.PathLike, projection: InstructionProjection | None = None) -> None:
-    """d3rlpy's ``save`` to ``path`` (a pickle that carries no checksum) and the instruction ``projection`` it was
-    trained with beside it, then the checksums of its folder (``SHA256SUMS``), which ``OfflinePolicy.load`` checks
-    before unpickling."""
-    from llmrl.files import write_checksums
+def save_learnable(learnable, path: str | os.PathLike, projection: InstructionProjection | None = None, *,
+                   egocentric: bool) -> None:
+    """d3rlpy's ``save`` to ``path`` (a pickle that carries no checksum), the instruction ``projection`` it was
+    trained with and whether its input carries the egocentric features (``INPUT_FILE``) beside it, then the
+    checksums of its folder (``SHA256SUMS``), which ``OfflinePolicy.load`` checks before unpickling."""
+    from llmrl.files import write_checksums, write_json
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     learnable.save(str(path))
     if projection is not None:
         projection.save(path.parent / PROJECTION_FILE)
+    write_json(path.parent / INPUT_FILE, {"egocentric": bool(egocentric)})
     write_checksums(path.parent)

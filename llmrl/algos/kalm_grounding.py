@@ -49,11 +49,16 @@ def episode_arrays(ep: Episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 FIELD_COPY_LOGIT = 4.0
 
 
-def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundParams) -> GroundingSpec:
+def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundParams, *,
+                   egocentric: bool) -> GroundingSpec:
     """The grounded model's spec for ``benchmark``: observation and action sizes, BabyAI's categorical fields, the
     continuous dims' mean and floored scale (``observation_scale``) over the training episodes' states, and for
     continuous observations changes predicted instead of absolute values, with the dims a step copies exactly
-    (``kalm_levels.obs_copies``) taken from the last state."""
+    (``kalm_levels.obs_copies``) taken from the last state. ``egocentric``: the input also carries BabyAI's
+    egocentric features (``KalmEnvParams.egocentric_input``)."""
+    if egocentric and benchmark != "babyai":
+        raise ValueError(f"grounding_spec: egocentric features are BabyAI's (kalm.env.babyai_egocentric_input), "
+                         f"not {benchmark}'s")
     obs = np.concatenate([np.concatenate([e.observations["obs"], e.observations["next_obs"]]) for e in episodes])
     kl.check_obs(benchmark, obs, "training observations")
     mean, scale = observation_scale(obs, p.obs_std_floor)
@@ -64,7 +69,7 @@ def grounding_spec(benchmark: str, episodes: Sequence[Episode], p: KalmGroundPar
                          obs_fields=[list(f) for f in kl.obs_fields(benchmark)],
                          obs_delta=not kl.obs_fields(benchmark),
                          field_copy_logit=FIELD_COPY_LOGIT if kl.obs_fields(benchmark) else 0.0,
-                         obs_copy=[list(c) for c in kl.obs_copies(benchmark)])
+                         obs_copy=[list(c) for c in kl.obs_copies(benchmark)], obs_egocentric=egocentric)
 
 
 def update_steps(p: KalmGroundParams, samples: int) -> int:

@@ -1,7 +1,9 @@
 """KALM's offline RL: d3rlpy on real (and imagined) episodes, the policy input = observation + instruction embedding.
 
-Dataset: each step's input is the observation (``observations["obs"]``) followed by the frozen embedding of the
-episode's instruction (``llmrl.llm.embed.EmbeddingTable``), by default its first principal components
+Dataset: each step's input is the observation (``observations["obs"]``), on BabyAI with
+``kalm.env.babyai_egocentric_input`` followed by its egocentric features
+(``llmrl.agents.offline_policy.policy_observation``, the columns ``OfflinePolicy`` builds when acting), then the
+frozen embedding of the episode's instruction (``llmrl.llm.embed.EmbeddingTable``), by default its first principal components
 (``fit_projection``; the algorithm's ``instruction_components``) with the whole input standardised
 (``standardise``), built through ``llmrl.data.trajectories.to_d3rlpy``, which flags every episode's end (d3rlpy
 silently drops the steps after an episode's last terminal/timeout flag).
@@ -19,11 +21,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from llmrl.agents.offline_policy import policy_observation
 from llmrl.config.kalm import OfflineAlgo
 from llmrl.data.trajectories import Episode, to_d3rlpy
 from llmrl.envs import kalm_levels as kl
@@ -91,11 +94,18 @@ def fit_projection(episodes: Sequence[Episode], table: EmbeddingTable, algo: Off
 
 
 def build_dataset(episodes: Sequence[Episode], table: EmbeddingTable, benchmark: str,
-                  projection: InstructionProjection | None = None):
-    """d3rlpy ``MDPDataset`` of obs ⊕ instruction embedding (``projection`` of it when given); wrong observation
+                  projection: InstructionProjection | None = None, *, egocentric: bool):
+    """d3rlpy ``MDPDataset`` of obs (⊕ its egocentric features with ``egocentric``, BabyAI only:
+    ``KalmEnvParams.egocentric_input``) ⊕ instruction embedding (``projection`` of it when given); wrong observation
     sizes raise ``ObservationSizeError``."""
+    if egocentric and benchmark != "babyai":
+        raise ValueError(f"build_dataset: egocentric features are BabyAI's (kalm.env.babyai_egocentric_input), "
+                         f"not {benchmark}'s")
     for ep in episodes:
         kl.check_obs(benchmark, ep.observations["obs"], f"episode {ep.env_id!r} seed {ep.seed} observations/obs")
+    if egocentric:
+        episodes = [replace(ep, observations={
+            **ep.observations, "obs": policy_observation(ep.observations["obs"], True)}) for ep in episodes]
     quiet_d3rlpy()
     spec = kl.action_spec(benchmark)
 

@@ -44,6 +44,16 @@ class KalmEnvParams(Section):
     babyai_num_distractors: int = Field(4, ge=0, le=16, description="BabyAI objects besides the goal object(s), "
                                         "every object of its own (type, colour): 18 slots of the compact state "
                                         "less at most two goal objects")
+    babyai_egocentric_input: bool = Field(True, description="BabyAI's policies (offline RL, gate 0's BC) and "
+                                          "grounded model read each object slot's offset from the agent in its own "
+                                          "frame beside the compact state (llmrl.envs.kalm_egocentric: DiscreteBC "
+                                          "agreed with the expert 0.69 with them, 0.54 without, the majority action "
+                                          "0.55); the state stored and predicted stays the compact one. False: the "
+                                          "compact state alone")
+
+    def egocentric_input(self, benchmark: str) -> bool:
+        """Whether ``benchmark``'s policy and grounded-model inputs carry the egocentric features (BabyAI only)."""
+        return benchmark == "babyai" and self.babyai_egocentric_input
 
 
 class KalmDataParams(Section):

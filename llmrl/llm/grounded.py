@@ -16,7 +16,10 @@ enter as one-hot vectors, are predicted as logits with cross-entropy, and are de
 state holds exact codes that a success rule can test.
 Generation is step-wise with the KV cache: each imagined action or state is one appended embedding; the prefix is
 never re-encoded (``reuse_cache=False`` re-encodes it each step, only to measure the difference in bench/).
-This module knows no training loop (``llmrl.algos.kalm_grounding``) and no environment (``llmrl.algos.kalm_imagine``).
+This module knows no training loop (``llmrl.algos.kalm_grounding``) and no environment (``llmrl.algos.kalm_imagine``)
+beyond the egocentric input features of BabyAI's compact state (``GroundingSpec.obs_egocentric``): the llm layer may
+import envs (tests/test_layers.py), and the function lives with the state it reads, so a saved spec's flag alone
+rebuilds the same input on load.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import torch
 from torch import nn
 
 from llmrl.config.lora import LoraSettings
+from llmrl.envs.kalm_babyai import OBS_DIM as BABYAI_OBS_DIM
+from llmrl.envs.kalm_egocentric import EGOCENTRIC_CLASSES, EGOCENTRIC_ONEHOT_DIM, egocentric_classes
 from llmrl.files import atomic_path, save_torch, verify_checksums, write_checksums
 from llmrl.llm.heads import NumericIO
 from llmrl.llm.load import LLM, load_model, stable_adapter_names
@@ -68,6 +73,9 @@ class GroundingSpec:
     # a head that must rebuild every field from one hidden state got ~38 % of them wrong; with the prior it learns
     # the changes, as obs_delta does for continuous dims (0: fields predicted outright)
     field_copy_logit: float = 0.0
+    # BabyAI: the input also carries each object slot's egocentric offsets (llmrl.envs.kalm_egocentric) as one-hot
+    # blocks; heads, loss and decoding stay on the compact state's fields
+    obs_egocentric: bool = False
 
 
 def observation_scale(observations: np.ndarray, floor: float) -> tuple[list[float], list[float]]:
@@ -85,8 +93,10 @@ class ObsCodec(nn.Module):
     """Observation vectors <-> the model's observation features (module docstring).
 
     Features: the continuous dims (every dim no categorical field covers), normalised, then each categorical field
-    as a one-hot block. ``encode`` builds inputs, ``loss`` scores head outputs against observations (MSE on the
-    normalised continuous dims + mean cross-entropy over fields), ``decode`` turns head outputs into observations.
+    as a one-hot block, then with ``spec.obs_egocentric`` the egocentric one-hot blocks of BabyAI's compact state
+    (``kalm_egocentric.egocentric_onehot``: inputs only, never predicted). ``encode`` builds inputs, ``loss`` scores
+    head outputs against observations (MSE on the normalised continuous dims + mean cross-entropy over fields),
+    ``decode`` turns head outputs into observations.
 
     Head outputs cover the *predicted* features: continuous dims not in ``spec.obs_copy`` (those are the current
     state's, e.g. Meta-World's previous-frame block and goal), then the categorical blocks. With ``spec.obs_delta``
@@ -139,6 +149,12 @@ class ObsCodec(nn.Module):
             self.groups.append((classes, kind))
             offset += n * classes
             out += n * classes
+        self.egocentric = bool(spec.obs_egocentric)
+        if self.egocentric and d != BABYAI_OBS_DIM:
+            raise ValueError(f"obs_egocentric: the egocentric features read BabyAI's compact state "
+                             f"({BABYAI_OBS_DIM} dims), the spec has obs_dim {d}")
+        self.egocentric_start = offset
+        offset += EGOCENTRIC_ONEHOT_DIM if self.egocentric else 0
         self.features = offset  # input width
         self.out_features = out  # head width
 
@@ -180,6 +196,10 @@ class ObsCodec(nn.Module):
         for i in range(len(self.groups)):
             classes, _kind, _starts, idx = self._group(i)
             feats[..., idx] = nn.functional.one_hot(self._classes(obs, i), classes).to(feats.dtype)
+        if self.egocentric:
+            blocks = [nn.functional.one_hot(c.round().long().clamp(0, n - 1), n)
+                      for c, n in zip(egocentric_classes(obs), EGOCENTRIC_CLASSES, strict=True)]
+            feats[..., self.egocentric_start:] = torch.cat(blocks, -1).flatten(-2).to(feats.dtype)
         return feats
 
     def _pred_targets(self, target_obs: torch.Tensor, current: torch.Tensor | None) -> torch.Tensor:
