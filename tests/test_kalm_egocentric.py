@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from minigrid.core.constants import DIR_TO_VEC
+from minigrid.core.constants import COLOR_TO_IDX, DIR_TO_VEC, OBJECT_TO_IDX
 
 from llmrl.envs import kalm_babyai as bab
 from llmrl.envs import kalm_egocentric as ke
@@ -22,7 +22,8 @@ def _state(agent, objects=(), carrying=None) -> np.ndarray:
     s = np.zeros(bab.OBS_DIM, np.float32)
     s[:3] = agent
     if carrying is not None:
-        s[3:5] = 6, 1  # a carried object's codes; its slot stays (0, 0)
+        kind, colour = carrying  # its codes; a carried object's slot stays (0, 0)
+        s[3:5] = OBJECT_TO_IDX[kind], COLOR_TO_IDX[colour]
     for key, pos in dict(objects).items():
         s[FIRST + 2 * SLOT[key]:FIRST + 2 * SLOT[key] + 2] = pos
     return s

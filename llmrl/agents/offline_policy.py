@@ -65,7 +65,7 @@ class OfflinePolicy:
         from llmrl.files import read_json, verify_checksums
 
         path = Path(path)
-        extras = [name for name in (PROJECTION_FILE, INPUT_FILE) if _listed(path.parent, name)]
+        extras = [f for f in (PROJECTION_FILE, INPUT_FILE) if _listed(path.parent, f)]
         verify_checksums(path.parent, [path.name, *extras])
         projection = InstructionProjection.load(path.parent / PROJECTION_FILE) if PROJECTION_FILE in extras else None
         # a folder without the record holds a policy of the observation and instruction alone

@@ -3,7 +3,8 @@
 Dataset: each step's input is the observation (``observations["obs"]``), on BabyAI with
 ``kalm.env.babyai_egocentric_input`` followed by its egocentric features
 (``llmrl.agents.offline_policy.policy_observation``, the columns ``OfflinePolicy`` builds when acting), then the
-frozen embedding of the episode's instruction (``llmrl.llm.embed.EmbeddingTable``), by default its first principal components
+frozen embedding of the episode's instruction (``llmrl.llm.embed.EmbeddingTable``), by default its first principal
+components
 (``fit_projection``; the algorithm's ``instruction_components``) with the whole input standardised
 (``standardise``), built through ``llmrl.data.trajectories.to_d3rlpy``, which flags every episode's end (d3rlpy
 silently drops the steps after an episode's last terminal/timeout flag).

@@ -31,7 +31,8 @@ class KalmParams(Section):
     """The whole ``kalm:`` section of a profile."""
 
     tier: TierName = Field("default", description=TIER_HELP)
-    env: KalmEnvParams = Field(default_factory=KalmEnvParams, description="horizons and the BabyAI room")
+    env: KalmEnvParams = Field(default_factory=KalmEnvParams, description="horizons, the BabyAI room and its "
+                              "policies' inputs")
     data: KalmDataParams = Field(default_factory=KalmDataParams, description="offline data (stage kalm_data)")
     offline: KalmOfflineParams = Field(default_factory=KalmOfflineParams, description="offline RL (stage "
                                        "kalm_offline)")
