@@ -104,11 +104,15 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
     if up_to_date(name, root, env):  # its upstream stages are done; a second of DVC needs no core slot
         publish(name, "up to date (not run)", time.monotonic() - asked, 0.0, root, metrics, log)
         return "cached"
-    clone = None
-    try:
+    workers_dir = Path(root) / ".cache" / "workers"
+    workers_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as taken:  # the clone stays taken until this workspace holds the result (below)
         # Cores first, then a clone: a stage waiting for cores must not sit on a clone another stage could use.
         with cores.hold(cpus, mem_gib, priority):
-            clone = clones.get()
+            taken.callback(clones.put, clones.get())
+            # the first clone no process holds (a file lock): another flow run on this host takes from the same
+            # folder, and two stages synced into one clone would delete each other's files
+            clone = workers_dir / f"w{taken.enter_context(slot_lock(workers_dir))}"
             with gpu_slot(gpu, free_gpus, env) as held:
                 started = time.monotonic()
                 with WORKSPACE_LOCK:  # a consistent snapshot: no restore writes dvc.lock meanwhile
@@ -125,9 +129,6 @@ def run_stage_in_clone(name: str, upstream: tuple[str, ...], gpu: bool, cpus: in
         publish(name, f"ran in clone {clone.name}, restored here from {how}" if status == "ran"
                  else "up to date (not run)", time.monotonic() - started, started - asked, root, metrics, log)
         return status
-    finally:
-        if clone is not None:
-            clones.put(clone)
 
 
 @flow(name="llmrl-stage", log_prints=True)
@@ -231,9 +232,9 @@ def reproduce(stages: list[str] | None = None, gpus: int | None = None, root: st
         remote_url = remote_url or dvc_remote_url(Path(root), remote)
     futures = {}
     cores = CoreSlots(cpus or os.cpu_count() or 1, mem_gib or float("inf")) if workers else None
-    clones: queue.Queue = queue.Queue()
+    clones: queue.Queue = queue.Queue()  # how many clones this run may hold at once (which ones: slot_lock)
     for i in range(2 * workers):  # a clone per running stage, and one per stage whose result is being restored
-        clones.put(Path(root) / ".cache" / "workers" / f"w{i}")
+        clones.put(i)
     for node in nodes:
         upstream = [futures[u] for u in node.upstream if u in futures]
         tags = ["gpu"] if node.gpu else []

@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from llmrl.algos.blackbox import cem, random_search
-from llmrl.algos.props_ppo import evaluate_ppo, ppo_baseline
+from llmrl.algos.props_ppo import ppo_baseline
 from llmrl.algos.props_search import HeldOutEvaluation, search_task
 from llmrl.config.props import PropsBaselinesParams, PropsSearchParams, PropsSpaceParams
+from llmrl.eval.props import evaluate_ppo
 from llmrl.files import atomic_path, write_json
 from llmrl.seeding import seed_everything
 from stages import paths

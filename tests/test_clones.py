@@ -162,3 +162,36 @@ def test_a_progress_bar_keeps_its_last_state_in_the_log():
 def test_a_failing_dvc_command_names_itself_and_its_output(tmp_path):
     with pytest.raises(RuntimeError, match=r"`dvc status` in .* failed \(exit"):
         dvc(["status"], tmp_path, stage_env())  # not a DVC repository
+
+
+def test_a_stage_skips_a_clone_another_flow_run_holds(tmp_path, monkeypatch):
+    """Two flow runs on one host take clones from the same folder: a stage must never be synced into a clone a
+    stage of the other run is using (the sync deletes what its workspace does not track)."""
+    import fcntl
+    import logging
+    import queue
+
+    from pipelines import reproduce
+    from pipelines.slots import CoreSlots
+
+    workers = tmp_path / ".cache" / "workers"
+    workers.mkdir(parents=True)
+    other_run = open(workers / "slot-0.lock", "w")  # another process's hold on clone w0
+    fcntl.flock(other_run, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    synced = []
+    monkeypatch.setattr(reproduce, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(reproduce, "up_to_date", lambda *a: False)
+    monkeypatch.setattr(reproduce, "sync_clone", lambda root, clone, remote: synced.append(clone.name))
+    monkeypatch.setattr(reproduce, "run_in_clone", lambda *a, **k: "ran")
+    monkeypatch.setattr(reproduce, "restore", lambda *a, **k: "ran")
+    monkeypatch.setattr(reproduce, "publish", lambda *a, **k: None)
+    clones: queue.Queue = queue.Queue()
+    clones.put(0)
+    try:
+        for stage in ("a", "b"):
+            assert reproduce.run_stage_in_clone.fn(stage, (), False, 1, None, clones, CoreSlots(2, 8.0),
+                                                   str(tmp_path), None) == "ran"
+    finally:
+        other_run.close()
+    assert synced == ["w1", "w1"]  # never w0; and w1 was given back after the first stage
+    assert clones.qsize() == 1

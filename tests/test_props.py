@@ -388,7 +388,8 @@ def test_headline_and_curve_from_runs():
 def test_ppo_baseline_counts_every_training_episode_and_writes_no_log_folders(tmp_path, monkeypatch):
     import tempfile
 
-    from llmrl.algos.props_ppo import evaluate_ppo, ppo_baseline
+    from llmrl.algos.props_ppo import ppo_baseline
+    from llmrl.eval.props import evaluate_ppo
     from llmrl.config.props import PPOBaselineParams
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where SB3 would put its SB3-<date> folders

@@ -5,7 +5,7 @@ training resets with ``s * 1_000_000 + k``) and stops as soon as ``budget_episod
 every training episode counts, as every ProPS evaluation episode does. One row per PPO rollout, with the
 shared vocabulary (``step``, ``episodes``, ``env_steps``, ``return_mean`` of the episodes finished in that
 rollout, ``best_return`` the best such mean so far, ``seconds``). The final policy is PPO's deterministic
-policy, evaluated by ``evaluate_ppo`` on the held-out seeds. Episodes run at the task's horizon
+policy, evaluated by ``llmrl.eval.props.evaluate_ppo`` on the held-out seeds. Episodes run at the task's horizon
 (``ControlTask.horizon``), the one the LLM methods' prompts state.
 """
 
@@ -21,7 +21,7 @@ from llmrl.algos.props_search import SEED_STRIDE
 from llmrl.config.props import PPOBaselineParams
 from llmrl.envs.control import ControlTask, as_task, make_control_env
 
-__all__ = ["ppo_baseline", "evaluate_ppo"]
+__all__ = ["ppo_baseline"]
 
 
 class _SeededResets(gym.Wrapper):
@@ -104,22 +104,3 @@ def ppo_baseline(
     env.close()
     if model_out is not None:
         model_out.append(model)
-
-
-def evaluate_ppo(model, task: str | ControlTask, seeds: Sequence[int]) -> np.ndarray:
-    """Returns of the deterministic PPO policy over the episodes seeded by ``seeds``."""
-    t = as_task(task)
-    env = make_control_env(t)
-    out = np.zeros(len(seeds))
-    try:
-        for k, s in enumerate(seeds):
-            obs, _ = env.reset(seed=int(s))
-            done = False
-            while not done:
-                a, _ = model.predict(obs, deterministic=True)
-                obs, r, term, trunc, _ = env.step(a.item() if isinstance(env.action_space, gym.spaces.Discrete) else a)
-                out[k] += float(r)
-                done = term or trunc
-    finally:
-        env.close()
-    return out

@@ -10,12 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import gymnasium as gym
 import numpy as np
 
+from llmrl.envs.control import ControlTask, as_task, make_control_env
 from llmrl.eval.headline import metrics_entry
 from llmrl.eval.seeds import aggregate_seeds
 
-__all__ = ["mean_curve", "headline", "metrics_of", "UnequalBudgetError", "check_equal_budgets", "paired_difference"]
+__all__ = ["evaluate_ppo", "mean_curve", "headline", "metrics_of", "UnequalBudgetError", "check_equal_budgets", "paired_difference"]
+
+
+def evaluate_ppo(model, task: str | ControlTask, seeds: Sequence[int]) -> np.ndarray:
+    """Returns of a Stable-Baselines3 model's deterministic policy (the PPO baseline's final policy) over the
+    episodes seeded by ``seeds``."""
+    t = as_task(task)
+    env = make_control_env(t)
+    out = np.zeros(len(seeds))
+    try:
+        for k, s in enumerate(seeds):
+            obs, _ = env.reset(seed=int(s))
+            done = False
+            while not done:
+                a, _ = model.predict(obs, deterministic=True)
+                obs, r, term, trunc, _ = env.step(a.item() if isinstance(env.action_space, gym.spaces.Discrete) else a)
+                out[k] += float(r)
+                done = term or trunc
+    finally:
+        env.close()
+    return out
 
 
 def mean_curve(runs_rows: Sequence[Sequence[dict]]) -> list[dict]:
