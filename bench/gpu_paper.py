@@ -40,7 +40,7 @@ METHODS = ("props", "kalm", "llm4teach", "llm_rl", "glam")  # in the order they 
 # (random search, CEM and SB3 PPO on CPU, and the tables), GLAM's BC, symbolic and evaluation stages use no GPU.
 STAGES = {
     "props": ("props_quadratic", "props_search", "props_grpo_part", "props_grpo", "props_heldout", "props_transfer"),
-    "kalm": ("kalm_data", "kalm_ground", "kalm_imagine", "kalm_offline", "kalm_eval"),
+    "kalm": ("kalm_data", "kalm_ground", "kalm_imagine", "kalm_offline_real", "kalm_offline_imagine", "kalm_eval"),
     "llm4teach": ("llm4teach_plans", "llm4teach_train", "llm4teach_train_mpe", "llm4teach_eval"),
     "llm_rl": ("llm_rl_data", "llm_rl_train", "llm_rl_eval"),
     "glam": ("glam_train",),
@@ -73,7 +73,7 @@ ON_GPU: dict[str, dict] = {
                     "consistency_candidates": 2, "examples": 2},
         "offline": {"seeds": [0], "imagined_levels": ["easy"], "log_every": 100},
         "eval": {"levels": ["easy"], "babyai_episodes": 5, "metaworld_episodes": 5, "random_seeds": 1,
-                 "grounded_episodes": 2, "workers": 1},
+                 "grounded_episodes": 2},
     },
     "llm4teach": {
         "teacher": {"spec": MODEL},

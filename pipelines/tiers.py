@@ -49,7 +49,8 @@ TIERS = ("default", "study", "paper")
 STUDY = "study"
 # The stages of each method the study runs (with their upstream stages of the same method), and the study's report.
 STUDY_STAGES: dict[str, tuple[str, ...]] = {
-    "kalm": ("kalm_data", "kalm_ground", "kalm_gate0", "kalm_imagine", "kalm_offline", "kalm_eval"),
+    "kalm": ("kalm_data", "kalm_ground", "kalm_gate0", "kalm_imagine", "kalm_offline_real", "kalm_offline_imagine",
+             "kalm_eval"),
     "props": ("props_search", "props_quadratic", "props_baselines", "props_grpo_part", "props_grpo",
               "props_heldout_tuned", "props_heldout_reference", "props_heldout", "props_transfer", "props_eval"),
     "llm_rl": ("llm_rl_data", "llm_rl_train", "llm_rl_eval"),
@@ -60,7 +61,8 @@ STUDY_STAGES: dict[str, tuple[str, ...]] = {
 # first. DVC leaves `meta` out of a stage's hash, so a change here re-runs nothing.
 STUDY_MINUTES: dict[str, float] = {
     # kalm_ground: one grounding seed per item (~25 min a seed, estimated from the 550-update runs)
-    "kalm_data": 1, "kalm_ground": 25, "kalm_gate0": 0.2, "kalm_imagine": 4, "kalm_offline": 18, "kalm_eval": 10,
+    "kalm_data": 1, "kalm_ground": 25, "kalm_gate0": 0.2, "kalm_imagine": 4, "kalm_offline_real": 18,
+    "kalm_offline_imagine": 18, "kalm_eval": 10,
     "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 16, "props_grpo": 0.5,
     "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 14,
     "props_eval": 0.5,

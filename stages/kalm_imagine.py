@@ -8,7 +8,7 @@ names after their own task are written for offline RL. Every rollout is replayed
 The model is the first grounding seed's (models/kalm/grounded/<benchmark>/<kalm.ground.seeds[0]>): one imagination
 per grounding seed would multiply kalm_imagine and every offline run that reads it; the other seeds count in gate 0.
 
-Writes data/kalm/imagine/<benchmark>_<level>.h5 (TrajectoryWriter; same layout as data/kalm/real,
+Writes data/kalm/imagine/<benchmark>/<level>.h5 (TrajectoryWriter; same layout as data/kalm/real,
 info["imaginary"] = True, rewards from label_rewards; the rollouts that feed offline RL),
 metrics/kalm/imagine_<benchmark>_<level>.json (headline: rollouts, the consistent share, imagined success and the
 replay's true success, for all and for the consistent ones, per-step state error, seconds) and

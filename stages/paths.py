@@ -174,18 +174,31 @@ def kalm_gate0(benchmark: str) -> Outputs:
 
 def kalm_imagine(benchmark: str, level: str) -> Outputs:
     name = f"{benchmark}_{level}"
-    return Outputs(f"kalm_imagine@{benchmark}-{level}", data=KALM.data / "imagine" / f"{name}.h5",
+    return Outputs(f"kalm_imagine@{benchmark}-{level}", data=KALM.data / "imagine" / benchmark / f"{level}.h5",
                    report=KALM.data / "imagine_report" / f"{name}.json", metrics=KALM.metrics / f"imagine_{name}.json")
 
 
-def kalm_offline(algo: str, data: str) -> Outputs:
+def kalm_offline(benchmark: str, algo: str, data: str) -> Outputs:
+    """Offline run ``algo`` (a key of kalm.offline.algos) of ``benchmark`` on ``data`` (real, or real + imagined),
+    under the benchmark's folder so that each benchmark's evaluation depends on its own runs only."""
     group = f"{algo}-{data}"
-    return Outputs(f"kalm_offline@{group}", models=KALM.models / "offline" / group,
-                   plots=KALM.plots / "offline" / group)
+    return Outputs(f"kalm_offline_{data}@{algo}", models=KALM.models / "offline" / benchmark / group,
+                   plots=KALM.plots / "offline" / benchmark / group)
 
 
-def kalm_eval() -> Outputs:
-    return Outputs("kalm_eval", eval=KALM.metrics / "eval", success=KALM.metrics / "success", live=KALM.plots / "eval")
+def kalm_offline_real(benchmark: str, algo: str) -> Outputs:
+    return kalm_offline(benchmark, algo, "real")
+
+
+def kalm_offline_imagine(benchmark: str, algo: str) -> Outputs:
+    return kalm_offline(benchmark, algo, "imagine")
+
+
+def kalm_eval(benchmark: str) -> Outputs:
+    """Evaluation of ``benchmark``'s policies (kalm_eval@<benchmark>): one benchmark is evaluated, and re-run,
+    without the other's stages."""
+    return Outputs(f"kalm_eval@{benchmark}", eval=KALM.metrics / "eval" / benchmark,
+                   success=KALM.metrics / "success" / benchmark, live=KALM.plots / "eval" / benchmark)
 
 
 # --- ProPS -------------------------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ KINDS = {  # kind: the stage script and its arguments (dvc.yaml's cmd)
     "distilled_mappo": ["llm4teach_train_mpe.py", "oracle"],
     "reinforce_kl": ["llm_rl_train.py", "reinforce_kl", "0"],
     "grpo": ["llm_rl_train.py", "grpo", "0"],
-    "d3rlpy_offline": ["kalm_offline.py", "babyai-dbc", "real"],
+    "d3rlpy_offline": ["kalm_offline_real.py", "babyai", "babyai-dbc"],
     "kalm_grounding": ["kalm_ground.py", "babyai", "0"],
     "props_baselines": ["props_baselines.py"],
     "props_grpo": ["props_grpo_part.py", "1", "4", "0"],

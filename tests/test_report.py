@@ -131,7 +131,7 @@ def results(tmp_path_factory) -> Path:
             rows.append({"benchmark": "babyai", "row": row, "level": level, "value": value,
                          "ci_low": round(value - 0.1, 4), "ci_high": round(value + 0.1, 4), "episodes": 90,
                          "n_seeds": 3, "per_seed": [value] * 3})
-    _write(root, f"{m}/kalm/eval/table.json", {"budget": {"seconds": 1.0}, "grounded_llm": False, "levels": levels,
+    _write(root, f"{m}/kalm/eval/babyai/table.json", {"budget": {"seconds": 1.0}, "grounded_llm": False, "levels": levels,
                                                "rows": rows})
     for row, success in (("babyai-dbc-imagine", {"rephrase": 0.3111, "easy": 0.2222, "mean": 0.2667}),
                          ("babyai-dbc-real", {"rephrase": 0.4111, "easy": 0.3333, "mean": 0.3722}),
@@ -243,7 +243,7 @@ def test_same_results_give_the_same_bytes(results, tmp_path):
     assert _render(results, tmp_path / "a") == _render(results, tmp_path / "b")
 
 
-@pytest.mark.parametrize("rel", ["metrics/kalm/eval/table.json", "metrics/kalm/imagine_babyai_easy.json",
+@pytest.mark.parametrize("rel", ["metrics/kalm/eval/babyai/table.json", "metrics/kalm/imagine_babyai_easy.json",
                                  "metrics/kalm/success/babyai/random.json", "metrics/llm_rl/responses/grpo.json",
                                  "plots/props/videos/cartpole.mp4", "metrics/llm4teach/report.json",
                                  "plots/llm_rl/train/grpo/seed-1/plots/metrics/train/average_reward.tsv"])

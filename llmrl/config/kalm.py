@@ -17,13 +17,16 @@ from pydantic import Field, field_validator, model_validator
 from llmrl.config import UNLISTED, ComputeDType, Section
 from llmrl.config.lora import LoraSettings
 
-__all__ = ["BenchmarkName", "LevelName", "D3rlpyAlgoName", "DataKind", "KalmEnvParams", "KalmDataParams",
-           "OfflineAlgo", "KalmOfflineParams", "KalmEvalParams", "KalmGroundParams", "KalmImagineParams"]
+__all__ = ["BenchmarkName", "LevelName", "D3rlpyAlgoName", "DataKind", "DATA_KINDS", "KalmEnvParams",
+           "KalmDataParams", "OfflineAlgo", "KalmOfflineParams", "KalmEvalParams", "KalmGroundParams", "KalmImagineParams"]
 
 BenchmarkName = Literal["metaworld", "babyai"]
 LevelName = Literal["rephrase", "easy", "hard"]
 D3rlpyAlgoName = Literal["BC", "CQL", "IQL", "TD3PlusBC", "AWAC", "DiscreteBC", "DiscreteCQL"]
 DataKind = Literal["real", "imagine"]  # imagine = real + imagined rollouts (data/kalm/imagine/)
+# Every offline algorithm runs on both: the pipeline's shape (stages kalm_offline_real and kalm_offline_imagine),
+# not a parameter.
+DATA_KINDS: tuple[DataKind, ...] = ("real", "imagine")
 _DISCRETE = {"DiscreteBC", "DiscreteCQL"}
 
 
@@ -135,10 +138,8 @@ def _cpu_algos() -> dict[str, OfflineAlgo]:
 
 class KalmOfflineParams(Section):
     algos: dict[str, OfflineAlgo] = Field(default_factory=_cpu_algos, min_length=1,
-                                          description="runs by name (the dvc matrix 'algo' key)")
-    data: list[DataKind] = Field(default_factory=lambda: ["real", "imagine"], min_length=1,
-                                 description="real: offline data only; imagine: real + imagined rollouts mixed at "
-                                 "mix_ratio (named after its data folder data/kalm/imagine, a dvc dep)")
+                                          description="runs by name (the key of dvc.yaml's foreach over them: "
+                                          "kalm_offline_real@<name>, kalm_offline_imagine@<name>)")
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, description="training seeds (CPU "
                                                                                         "budget; the study runs 3)")
     mix_ratio: float = Field(0.5, gt=0, lt=1, description="share of imagined transitions in the real + imagined dataset "
@@ -170,9 +171,8 @@ class KalmEvalParams(Section):
                                    "(every goal equally; never more than the other rows'; 0: skip the row, the CPU "
                                    "default: one LLM forward per step costs ~100 s; the study plays 50)")
     confidence: float = Field(0.95, gt=0, lt=1, description="interval level over seeds")
-    threads: int = Field(1, gt=0, description="torch threads for policy inference (per worker)")
-    workers: int = Field(1, gt=0, description="processes evaluating benchmarks in parallel (1: `make repro` pairs "
-                                              "the stage with another)")
+    threads: int = Field(1, gt=0, description="torch threads for policy inference (stage kalm_eval@<benchmark>: "
+                                              "one benchmark per stage)")
 
 
 # ---- KALM-B: grounding (kalm.ground) and imaginary rollouts (kalm.imagine) ------------------------------------------

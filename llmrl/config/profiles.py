@@ -34,9 +34,9 @@ class KalmParams(Section):
     env: KalmEnvParams = Field(default_factory=KalmEnvParams, description="horizons, the BabyAI room and its "
                               "policies' inputs")
     data: KalmDataParams = Field(default_factory=KalmDataParams, description="offline data (stage kalm_data)")
-    offline: KalmOfflineParams = Field(default_factory=KalmOfflineParams, description="offline RL (stage "
-                                       "kalm_offline)")
-    eval: KalmEvalParams = Field(default_factory=KalmEvalParams, description="evaluation (stage kalm_eval)")
+    offline: KalmOfflineParams = Field(default_factory=KalmOfflineParams, description="offline RL (stages "
+                                       "kalm_offline_real, kalm_offline_imagine)")
+    eval: KalmEvalParams = Field(default_factory=KalmEvalParams, description="evaluation (stage kalm_eval@<benchmark>)")
     ground: KalmGroundParams = Field(default_factory=KalmGroundParams, description="grounding (stage kalm_ground)")
     imagine: KalmImagineParams = Field(default_factory=KalmImagineParams, description="imagined rollouts (stage "
                                        "kalm_imagine)")

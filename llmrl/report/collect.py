@@ -21,7 +21,7 @@ from llmrl.config.report import REPORT_SECTIONS
 from llmrl.files import read_json
 
 __all__ = ["NOT_CONVERGED", "MissingResultError", "Table", "Series", "CurvePlot", "Video", "Section", "Report",
-           "collect_report"]
+           "collect_report", "kalm_eval_table"]
 
 MODES = ("greedy", "sampled")
 NOT_CONVERGED = "not converged"
@@ -324,12 +324,22 @@ def _kalm_policy(row: str) -> tuple[str, str]:
     return row, "—"
 
 
+KALM_EVAL = "metrics/kalm/eval"  # <benchmark>/table.json: one per stage kalm_eval@<benchmark>
+
+
+def kalm_eval_table(root: Path) -> dict:
+    """Every benchmark's kalm_eval table as one: ``levels`` (in the order first seen) and every row (each names its
+    benchmark)."""
+    tables = [_json(root, f"{KALM_EVAL}/{folder.name}/table.json") for folder in _entries(root, KALM_EVAL, "*/")]
+    levels = list(dict.fromkeys(lv for t in tables for lv in t["levels"]))
+    return {"levels": levels, "rows": [r for t in tables for r in t["rows"]]}
+
+
 def kalm_section(root: Path) -> Section:
     from llmrl.eval.stats import compare_intervals
 
     s = Section("kalm", TITLES["kalm"], SUMMARIES["kalm"])
-    rel = "metrics/kalm/eval/table.json"
-    table = _json(root, rel)
+    table = kalm_eval_table(root)
     success = "metrics/kalm/success"  # <benchmark>/<row>.json: the row's success per level and their mean
     levels = table["levels"]
     benchmarks = list(dict.fromkeys(r["benchmark"] for r in table["rows"]))
@@ -348,7 +358,8 @@ def kalm_section(root: Path) -> Section:
                          " / ".join(dict.fromkeys(str(c["n_seeds"]) for c in cells.values())),
                          " / ".join(dict.fromkeys(str(c["episodes"]) for c in cells.values()))])
         s.tables.append(Table(f"kalm-{bench}", f"{bench}: success [interval] per goal level, real vs imagined data",
-                              rel, ["policy", "data", *levels, "mean over levels", "seeds", "episodes per level"],
+                              f"{KALM_EVAL}/{bench}/table.json",
+                              ["policy", "data", *levels, "mean over levels", "seeds", "episodes per level"],
                               rows))
         # the claims: real + imagined against real, and each learner against random, by interval separation
         rows = []
@@ -363,7 +374,7 @@ def kalm_section(root: Path) -> Section:
                                                         if lv in cells and lv in by_row[other] else "—"
                                                         for lv in levels)])
         s.tables.append(Table(f"kalm-{bench}-claims", f"{bench}: does the row beat its reference? higher / lower "
-                              "only where the seed-level intervals do not overlap", rel,
+                              "only where the seed-level intervals do not overlap", f"{KALM_EVAL}/{bench}/table.json",
                               ["policy", "data", "against", *levels], rows))
     rows = []
     for bench in benchmarks:

@@ -25,7 +25,7 @@ import numpy as np
 
 from llmrl.eval.rliable_stats import iqm, probability_of_improvement
 from llmrl.files import read_json
-from llmrl.report.collect import MissingResultError, Report, Section, Table, collect_report
+from llmrl.report.collect import MissingResultError, Report, Section, Table, collect_report, kalm_eval_table
 
 __all__ = ["STUDY_METHODS", "Comparison", "collect_study", "kalm_comparisons", "kalm_gates", "kalm_rows",
            "llm_rl_comparisons", "llm_rl_rows", "poi_reading", "props_comparisons", "props_rows", "summary_section"]
@@ -70,7 +70,7 @@ def poi_reading(s: dict) -> str:
 
 def kalm_scores(root: Path) -> dict[str, dict[str, np.ndarray]]:
     """Per benchmark and row: success per training seed (runs) and level (tasks), from kalm_eval's table."""
-    table = _json(root, "metrics/kalm/eval/table.json")
+    table = kalm_eval_table(root)
     levels = table["levels"]
     out: dict[str, dict[str, np.ndarray]] = {}
     cells: dict[tuple[str, str], dict[str, list[float]]] = {}

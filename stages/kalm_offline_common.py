@@ -1,13 +1,15 @@
-"""Stage kalm_offline@<algo>-<data>: d3rlpy runs on real or real + imagined KALM data, one per seed of
-kalm.offline.seeds, ``kalm.offline.workers`` at a time (each alone in a single-threaded process).
+"""The d3rlpy runs of stages kalm_offline_real@<algo> and kalm_offline_imagine@<algo> (one stage per data kind, so that
+an imagine run depends on its own benchmark's imagined rollouts: a foreach over kalm.offline.algos names an item's
+benchmark, a matrix item cannot): one run per seed of kalm.offline.seeds, ``kalm.offline.workers`` at a time (each
+alone in a single-threaded process).
 
-Usage: python -m stages.kalm_offline <algo> <real|imagine>, <algo> a key of kalm.offline.algos.
 Reads data/kalm/real/<benchmark>.h5 and embeddings.npz; the imagine run (real + imagined) also
-data/kalm/imagine/<benchmark>_<level>.h5 for each of kalm.offline.imagined_levels. Writes, per seed k,
-models/kalm/offline/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; projection.npz, the
+data/kalm/imagine/<benchmark>/<level>.h5 for each of kalm.offline.imagined_levels. Writes, per seed k,
+models/kalm/offline/<benchmark>/<algo>-<data>/seed-k/ (model.d3, loadable with d3rlpy.load_learnable; projection.npz, the
 instruction projection it reads, applied by OfflinePolicy.load's policy; policy_input.json: whether its input
 carries BabyAI's egocentric features, kalm.env.babyai_egocentric_input; train.json: curve, mix, time) and a
-dvclive loss curve under plots/kalm/offline/<algo>-<data>/seed-k/; the item's folders are published together.
+dvclive loss curve under plots/kalm/offline/<benchmark>/<algo>-<data>/seed-k/; the item's folders are published
+together.
 """
 
 import functools
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from llmrl.agents.offline_policy import save_learnable
 from llmrl.algos.kalm_offline import build_dataset, fit_projection, make_learnable, mix_episodes, train_offline
-from llmrl.config.kalm import KalmEnvParams, KalmOfflineParams
+from llmrl.config.kalm import DataKind, KalmEnvParams, KalmOfflineParams
 from llmrl.data.trajectories import read_episodes
 from llmrl.fingerprint import fingerprint_line
 from llmrl.data.embeddings import EmbeddingTable
@@ -78,16 +80,15 @@ def run_seed(name: str, data: str, seed: int, *, models: Path, plots: Path) -> N
     log.info("%s: %d updates in %.1fs (%.0f/s)", run, algo.steps, seconds, algo.steps / seconds)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("kalm_offline", argv, algo="a key of kalm.offline.algos", data="real or imagine")
-    name, data = args.algo, args.data
+def run(data: DataKind, argv: list[str] | None = None) -> None:
+    """The stage kalm_offline_<data>: ``argv`` is <benchmark> <algo>, as dvc.yaml's cmd gives them."""
+    stage = f"kalm_offline_{data}"
+    args = stage_arguments(stage, argv, benchmark="the algorithm's benchmark", algo="a key of kalm.offline.algos")
     p = stage_params("kalm.offline", KalmOfflineParams)
-    if name not in p.algos:
-        raise SystemExit(f"kalm_offline: algo {name!r} is not in kalm.offline.algos ({sorted(p.algos)})")
-    if data not in p.data:
-        raise SystemExit(f"kalm_offline: data {data!r} is not in kalm.offline.data {p.data}")
-    run_seeds_into(dict(paths.kalm_offline(name, data)), functools.partial(run_seed, name, data), p.seeds, p.workers)
-
-
-if __name__ == "__main__":
-    main()
+    if args.algo not in p.algos:
+        raise SystemExit(f"{stage}: algo {args.algo!r} is not in kalm.offline.algos ({sorted(p.algos)})")
+    if p.algos[args.algo].benchmark != args.benchmark:
+        raise SystemExit(f"{stage}: algo {args.algo!r} trains on {p.algos[args.algo].benchmark}, not "
+                         f"{args.benchmark!r} (kalm.offline.algos.{args.algo}.benchmark)")
+    run_seeds_into(dict(paths.kalm_offline(args.benchmark, args.algo, data)),
+                   functools.partial(run_seed, args.algo, data), p.seeds, p.workers)
