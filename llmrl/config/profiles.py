@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_core import to_jsonable_python
 
 from llmrl.config import (TIER_HELP, BaseLLMParams, DemosParams, EvalBaselinesParams, ParamsError, Section, TierName,
@@ -40,6 +40,20 @@ class KalmParams(Section):
     ground: KalmGroundParams = Field(default_factory=KalmGroundParams, description="grounding (stage kalm_ground)")
     imagine: KalmImagineParams = Field(default_factory=KalmImagineParams, description="imagined rollouts (stage "
                                        "kalm_imagine)")
+
+    @model_validator(mode="after")
+    def _benchmarks_agree(self) -> KalmParams:
+        # kalm_eval@<b> runs for each grounded benchmark and evaluates its learners; kalm_offline_imagine@<algo> reads
+        # its benchmark's imagined data and every benchmark trains on recorded data: one list each, and they must agree
+        learners = sorted({a.benchmark for a in self.offline.algos.values()})
+        if learners != sorted(self.ground.benchmarks):
+            raise ValueError(f"kalm.offline.algos train on {learners} but kalm.ground.benchmarks is "
+                             f"{sorted(self.ground.benchmarks)}: each grounded benchmark needs a learner (its "
+                             "kalm_eval@<benchmark>) and each learner its benchmark's imagined data")
+        missing = sorted(set(learners) - set(self.data.benchmarks))
+        if missing:
+            raise ValueError(f"kalm.data.benchmarks lacks {missing}, which kalm.offline.algos and kalm.ground train on")
+        return self
 
 
 class LLMRLParams(Section):

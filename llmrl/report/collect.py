@@ -330,7 +330,14 @@ KALM_EVAL = "metrics/kalm/eval"  # <benchmark>/table.json: one per stage kalm_ev
 def kalm_eval_table(root: Path) -> dict:
     """Every benchmark's kalm_eval table as one: ``levels`` (in the order first seen) and every row (each names its
     benchmark)."""
-    tables = [_json(root, f"{KALM_EVAL}/{folder.name}/table.json") for folder in _entries(root, KALM_EVAL, "*/")]
+    tables = []
+    for folder in _entries(root, KALM_EVAL, "*/"):
+        rel = f"{KALM_EVAL}/{folder.name}/table.json"
+        table = _json(root, rel)
+        if table.get("benchmark") != folder.name:
+            raise MissingResultError(f"{rel}: holds benchmark {table.get('benchmark')!r}, not {folder.name!r} "
+                                     "(kalm_eval@<benchmark> writes its own folder)")
+        tables.append(table)
     levels = list(dict.fromkeys(lv for t in tables for lv in t["levels"]))
     return {"levels": levels, "rows": [r for t in tables for r in t["rows"]]}
 
