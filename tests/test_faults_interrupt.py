@@ -6,7 +6,7 @@ those outputs intact.
 Kinds, every training stage: LLM PPO (glam_train, restart point per update), LLM behavioural cloning (glam_bc),
 Symbolic-PPO (glam_symbolic, two seeds), distilled PPO (llm4teach_train, seeds published together), distilled MAPPO
 on MPE (llm4teach_train_mpe), REINFORCE-KL (llm_rl_train reinforce_kl, restart point per iteration) and GRPO
-(llm_rl_train grpo, TRL), d3rlpy offline RL (kalm_offline), KALM grounding (kalm_ground), ProPS's baselines (random
+(llm_rl_train grpo, TRL), d3rlpy offline RL (kalm_offline_real), KALM grounding (kalm_ground), ProPS's baselines (random
 search, CEM and SB3 PPO: props_baselines) and ProPS's GRPO (props_grpo_part, TRL: the first of its parts, which
 writes the checkpoint the next resumes); all but the two with restart points
 restart from scratch.
@@ -107,7 +107,7 @@ def _upstream_output(tmp_path_factory, script: str, output: str) -> Path:
 
 @pytest.fixture(scope="module")
 def kalm_real(tmp_path_factory) -> Path:
-    """data/kalm/real of a tiny kalm_data run, the input of kalm_offline and kalm_ground."""
+    """data/kalm/real of a tiny kalm_data run, the input of kalm_offline_real/_imagine and kalm_ground."""
     return _upstream_output(tmp_path_factory, "kalm_data.py", "data/kalm/real")
 
 

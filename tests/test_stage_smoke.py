@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 # What a paper profile needs on this CPU: one thread, no CUDA device asked for, fp32 where it asks for bf16, and
 # local files in GSM8K's format for the hub's GSM8K (the tiny model's folder stands in for every hub model: TINY).
 # Of its longer lists, the entries whose code the default profile does not run: a full fine-tune beside LoRA and
-# NPAE (GLAM), the mixed test level, continuous CQL, IQL and AWAC on real data, the colour-renamed and two-door
+# NPAE (GLAM), the mixed test level, continuous CQL, IQL and AWAC (on real and on real + imagined data), the colour-renamed and two-door
 # DoorKey tasks, a MuJoCo task in search.
 PAPER_ON_CPU = {
     "glam": {"threads": 1, "policy": {"history": 1},  # the paper's 3 past steps: 10x the tiny model's scoring time
