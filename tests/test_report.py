@@ -131,8 +131,8 @@ def results(tmp_path_factory) -> Path:
             rows.append({"benchmark": "babyai", "row": row, "level": level, "value": value,
                          "ci_low": round(value - 0.1, 4), "ci_high": round(value + 0.1, 4), "episodes": 90,
                          "n_seeds": 3, "per_seed": [value] * 3})
-    _write(root, f"{m}/kalm/eval/babyai/table.json", {"budget": {"seconds": 1.0}, "grounded_llm": False, "levels": levels,
-                                               "rows": rows})
+    _write(root, f"{m}/kalm/eval/babyai/table.json", {"benchmark": "babyai", "budget": {"seconds": 1.0},
+                                                      "grounded_llm": False, "levels": levels, "rows": rows})
     for row, success in (("babyai-dbc-imagine", {"rephrase": 0.3111, "easy": 0.2222, "mean": 0.2667}),
                          ("babyai-dbc-real", {"rephrase": 0.4111, "easy": 0.3333, "mean": 0.3722}),
                          ("random", {"rephrase": 0.2667, "easy": 0.2667, "mean": 0.2667})):

@@ -40,7 +40,8 @@ def _kalm_tree(root: Path, imagines: bool) -> None:
         for level in ("rephrase", "easy"):
             rows.append({"benchmark": "babyai", "row": row, "level": level,
                          "per_seed": [base, base + 0.01, base - 0.01]})
-    write_json(root / "metrics/kalm/eval/babyai/table.json", {"levels": ["rephrase", "easy"], "rows": rows})
+    write_json(root / "metrics/kalm/eval/babyai/table.json", {"benchmark": "babyai", "levels": ["rephrase", "easy"],
+                                                             "rows": rows})
     write_json(root / "metrics/kalm/imagine_babyai_train.json", {
         "imagines": imagines, "replay_success": 0.5 if imagines else 0.0, "replay_success_ci": [0.3, 0.7],
         "random_replay_success": 0.05, "random_replay_success_ci": [0.0, 0.1]})
