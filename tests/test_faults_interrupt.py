@@ -73,7 +73,7 @@ def _tiny_params() -> dict:
                      agreement_test_episodes=0, embed_model="tiny")
     k["offline"].update(algos={"babyai-dbc": {"benchmark": "babyai", "algo": "DiscreteBC", "steps": 200,
                                               "config": {"batch_size": 16, "learning_rate": 1e-3}}},
-                        data=["real"], seeds=[0], log_every=20)
+                        seeds=[0], log_every=20)
     k["ground"].update(model="tiny", benchmarks=["babyai"], trajectory_samples=6, dynamics_samples=6, goal_samples=3,
                        reverse_samples=3, epochs=1.0, batch_size=3, window=8, log_every=1)
     pr = p["props"]
