@@ -27,8 +27,11 @@ def tail(text: str, limit: int = 4000) -> str:
 
 def dvc(args: list[str], cwd: Path | str, env: dict[str, str], log=None) -> str:
     """``dvc ARGS`` in ``cwd``; its stdout. With ``log``, the tails of its stdout and stderr (a stage's command
-    prints to both: DVC passes them through) go to that logger: the Prefect task's log."""
-    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    prints to both: DVC passes them through) go to that logger: the Prefect task's log. Where another process (a
+    user's ``dvc commit`` beside a running flow, another flow) holds the repository's lock, DVC waits for it
+    (``--wait-for-lock``; the lock is an OS file lock, released when its holder exits) rather than failing the stage."""
+    proc = subprocess.run([sys.executable, "-m", "dvc", "--wait-for-lock", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` in {cwd} failed (exit {proc.returncode}):\n"
                            f"{tail(proc.stdout, 2000)}\n{tail(proc.stderr)}")

@@ -195,3 +195,19 @@ def test_a_stage_skips_a_clone_another_flow_run_holds(tmp_path, monkeypatch):
         other_run.close()
     assert synced == ["w1", "w1"]  # never w0; and w1 was given back after the first stage
     assert clones.qsize() == 1
+
+
+def test_a_dvc_command_waits_for_a_lock_another_process_holds(workspace):
+    """A user's DVC command beside a running flow holds the repository lock for minutes: the flow's own commands
+    wait for it instead of failing their stage."""
+    import threading
+    import time
+
+    from dvc.lock import Lock
+
+    lock = Lock(str(workspace / ".dvc" / "tmp" / "lock"))
+    lock.lock()
+    threading.Timer(3.0, lock.unlock).start()
+    start = time.monotonic()
+    dvc(["status"], workspace, stage_env())  # raises on failure
+    assert time.monotonic() - start >= 2.5  # it waited for the holder (without waiting: an immediate failure)
