@@ -52,7 +52,8 @@ STUDY_STAGES: dict[str, tuple[str, ...]] = {
     "kalm": ("kalm_data", "kalm_ground", "kalm_gate0", "kalm_imagine", "kalm_offline_real", "kalm_offline_imagine",
              "kalm_eval"),
     "props": ("props_search", "props_quadratic", "props_baselines", "props_grpo_part", "props_grpo",
-              "props_heldout_tuned", "props_heldout_reference", "props_heldout", "props_transfer", "props_eval"),
+              "props_heldout_tuned", "props_heldout_reference", "props_heldout", "props_transfer",
+              "props_repeat_control", "props_eval"),
     "llm_rl": ("llm_rl_data", "llm_rl_train", "llm_rl_eval"),
 }
 
@@ -65,6 +66,7 @@ STUDY_MINUTES: dict[str, float] = {
     "kalm_offline_imagine": 18, "kalm_eval": 10,
     "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 16, "props_grpo": 0.5,
     "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 14,
+    "props_repeat_control": 7,
     "props_eval": 0.5,
     "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
 }
@@ -83,7 +85,7 @@ TRACKED = ("metrics/", "plots/")
 # ProPS searches' records (60 kB to 2 MB an item) are what props_eval and props_heldout read: carried, a sitting
 # that runs the transfer need not also re-run every control-task search to report it.
 CARRIED = ("models/props/grpo/", "data/props/search/", "data/props/baselines", "data/props/quadratic",
-           "data/props/transfer/", "data/props/heldout/")
+           "data/props/transfer/", "data/props/repeat_control/", "data/props/heldout/")
 # The default profiles, generated from the models' defaults: the shared sections' file and each method's.
 SHARED = ("base_llm", "demos", "eval_baselines", "report")
 MODELS = {"shared": "llmrl/config/__init__.py and llmrl/config/report.py", "llm_rl": "llmrl/config/llm_rl.py",

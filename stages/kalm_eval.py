@@ -6,7 +6,8 @@ Rows: each offline algorithm of the benchmark trained on real data and on real +
 uniform random policy, and — when KALM-B's llmrl/agents/grounded_policy.py and the model exist — the grounded LLM
 acting through its action head: the benchmark's first grounding seed
 (models/kalm/grounded/<benchmark>/<kalm.ground.seeds[0]>, the model imagination used; gate 0 covers every seed).
-Greedy evaluation. Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
+Greedy evaluation, and for a DiscreteBC run also sampled (row ``<algo>-sampled-<data>``: an imitation policy is a
+distribution, and its arg-max can fail where its draws succeed). Protocol and aggregation: llmrl.eval.kalm.evaluate_benchmark.
 
 Usage: python -m stages.kalm_eval <benchmark>. Writes metrics/kalm/success/<benchmark>/<row>.json (headline: the
 row's success per level and the mean over levels), metrics/kalm/eval/<benchmark>/table.json (per row and level:

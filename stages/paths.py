@@ -243,6 +243,11 @@ def props_transfer(task: str, seed: int) -> Outputs:
                    replies=PROPS.data / "replies" / f"transfer-{task}-{seed}")
 
 
+def props_repeat_control(task: str, seed: int) -> Outputs:
+    return Outputs(f"props_repeat_control@{task}-{seed}", runs=PROPS.data / "repeat_control" / task / str(seed),
+                   replies=PROPS.data / "replies" / f"repeat_control-{task}-{seed}")
+
+
 def props_quadratic() -> Outputs:
     return Outputs("props_quadratic", runs=PROPS.data / "quadratic", replies=PROPS.data / "replies" / "quadratic")
 

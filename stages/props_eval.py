@@ -2,7 +2,8 @@
 held-out return of each run's final policy; the quadratic check (ProPS against random search without an
 environment); the GRPO-tuned optimizer (props_transfer, at the search's budget and seeds) in the table of each
 transfer task beside the same base model run the same way (``<method>_untuned``), and their seed-paired
-difference. Every table compares
+difference; the repeat control (props_repeat_control: the base model with its repeated points replaced by random
+ones, ``<method>_untuned_repeats_random``) in the same table, paired with both. Every table compares
 its methods at one episode budget: a table whose methods spent different budgets is an error
 (``check_equal_budgets``).
 
@@ -11,7 +12,8 @@ interval, training episodes, and for the LLM methods the share of proposals the 
 being random fallbacks, and the parse-failure rate), metrics/props/eval/quadratic/<method>.json (the same), the full report plots/props/report.json (best search return,
 episodes, LLM calls, tokens, re-asks, parse failures by reason, example copies, duplicate and fallback rates, seconds
 per iteration, per-seed values, the quadratic check's seed-paired verdict against random search, the tuned optimizer's seed-paired
-difference to the base model per transfer task, the environment line; a plain out), curves of best
+difference to the base model per transfer task and the repeat control's to both (``repeat_control``), the
+environment line; a plain out), curves of best
 return vs episodes per method (dvclive, plots/props/curves/<task>/<method>/; LLM methods' points carry
 ``fallbacks``, the seeds whose point there was a random fallback) and an MP4 of the best LLM-found policy's
 held-out evaluation episode per task (plots/props/videos/<task>.mp4; rgb_array frames → imageio-ffmpeg), listed
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                     "held_out_episodes": search.eval_episodes, "tasks": {}}
     videos: dict = {}
     report["transfer"] = {}
+    report["repeat_control"] = {}
     with atomic_path(OUT.metrics, is_dir=True) as mdir, atomic_path(OUT.videos, is_dir=True) as vdir:
         for key in search.tasks:
             runs = read_json(paths.props_search(key).runs / "runs.json")["runs"]
@@ -56,6 +59,16 @@ def main(argv: list[str] | None = None) -> None:
                         [r for r in tuned if r["method"] == f"{tr.method}_untuned"])
                 report["transfer"][key] = (paired_difference(*pair, confidence=ev.confidence, reps=ev.reps)
                                            if len(pair[0]) >= 2 else {"seeds": len(pair[0]), "verdict": "one seed"})
+                control = [r for seed in search.seeds
+                           for r in read_json(paths.props_repeat_control(key, seed).runs / "runs.json")["runs"]]
+                runs += control
+                if len(control) >= 2:
+                    report["repeat_control"][key] = {
+                        "control_minus_untuned": paired_difference(control, pair[1], confidence=ev.confidence,
+                                                                   reps=ev.reps),
+                        "tuned_minus_control": paired_difference(pair[0], control, confidence=ev.confidence,
+                                                                 reps=ev.reps),
+                        "repeats_replaced": [sum(x["proposal"] == "replaced" for x in r["rows"]) for r in control]}
             methods = list(dict.fromkeys(r["method"] for r in runs))
             table = {m: headline([r for r in runs if r["method"] == m], **kw) for m in methods}
             check_equal_budgets(table, name=f"props_eval {key}")

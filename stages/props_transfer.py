@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from llmrl.algos.props_search import HeldOutEvaluation, build_optimizer_llm, props_search, search_task
+from llmrl.algos.props_search import build_optimizer_llm, search_task, single_search
 from llmrl.config.props import PropsGRPOParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams, \
     PropsTransferParams
 from llmrl.files import write_json
@@ -62,16 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         seed_everything(0)
         method = f"{tr.method}_{kind}"
         opt = build_optimizer_llm(local, adapter=name, cache_dir=out.replies, guard=guard)
-        states, rows = [], []
-        for row in props_search(task, [tr.method], [seed], opt, search, space, local, states_out=states):
-            rows.append({**row, "method": method})
-        st = states[0]
-        with HeldOutEvaluation(task, search) as held_out:
-            runs.append({"task": task.key, "method": method, "seed": seed, "adapter": name, "rows": rows,
-                         "best_return": st.best_return, "final_params": [float(x) for x in st.best_params],
-                         "final_eval": held_out(st.best_params), **st.counters()})
+        run = single_search(task, tr.method, method, seed, opt, search, space, local, adapter=name)
+        runs.append(run)
         log.info("transfer %s %s seed %d (adapter %s): best %.2f, parse failures %d / %d calls", task.key, kind,
-                 seed, name, st.best_return, st.parse_failures, st.llm_calls)
+                 seed, name, run["best_return"], run["parse_failures"], run["llm_calls"])
         del opt
     write_json(out.runs / "runs.json", {"task": task.key, "method": tr.method, "seed": seed,
                                         "seconds": time.perf_counter() - start, "runs": runs})

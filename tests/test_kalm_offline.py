@@ -299,9 +299,14 @@ def test_evaluate_benchmark_aggregates_over_training_seeds(tiny_goto, tmp_path):
     out = evaluate_benchmark("babyai", offline_runs=runs, table=full, levels=["easy"],
                              settings=kl.EnvSettings(max_steps=10), episodes=1, first_seed=20_000, random_seeds=3)
     rows = {r["row"]: r for r in out["rows"]}
-    assert set(rows) == {"dbc-real", "random"}
+    assert set(rows) == {"dbc-real", "dbc-sampled-real", "random"}  # DiscreteBC: greedy and sampled apart
     n = len(easy)  # every goal once per seed
-    assert rows["dbc-real"]["n_seeds"] == 2 and rows["dbc-real"]["episodes"] == 2 * n
+    for row in ("dbc-real", "dbc-sampled-real"):
+        assert rows[row]["n_seeds"] == 2 and rows[row]["episodes"] == 2 * n
+    greedy = [(e["train_seed"], e["episode_seed"], e["length"]) for e in out["episodes"] if e["row"] == "dbc-real"]
+    drawn = [(e["train_seed"], e["episode_seed"], e["length"]) for e in out["episodes"]
+             if e["row"] == "dbc-sampled-real"]
+    assert [g[:2] for g in greedy] == [d[:2] for d in drawn]  # the same starts
     assert rows["random"]["n_seeds"] == 3 and rows["random"]["episodes"] == 3 * n
     assert set(rows["random"]["success_by_goal"]) == {g.instruction for g in easy}
     played = [e["goal"] for e in out["episodes"] if e["row"] == "random"]
@@ -310,9 +315,9 @@ def test_evaluate_benchmark_aggregates_over_training_seeds(tiny_goto, tmp_path):
     assert rows["random"]["ci_low"] <= rows["random"]["value"] <= rows["random"]["ci_high"]
     for row in rows.values():  # success rates: never narrower than the pooled Wilson interval (0/12 is not [0, 0])
         assert row["ci_high"] > row["value"] or row["value"] == 1.0
-    assert set(out["headline"]) == {"dbc-real", "random"}
+    assert set(out["headline"]) == {"dbc-real", "dbc-sampled-real", "random"}
     assert out["headline"]["random"] == {"easy": rows["random"]["value"], "mean": rows["random"]["value"]}
-    assert len(out["episodes"]) == 5 * n
+    assert len(out["episodes"]) == 7 * n
     with pytest.raises(ValueError, match="kalm.eval.seed"):
         evaluate_benchmark("babyai", offline_runs=runs, table=full, levels=["easy"], settings=kl.EnvSettings(),
                            episodes=1, first_seed=0, random_seeds=1)

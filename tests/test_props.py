@@ -504,3 +504,32 @@ def test_a_function_search_takes_any_function_index_and_an_env_search_keeps_its_
     assert {r["seed"] for r in rows} == {0, 11}
     with pytest.raises(ValueError, match="eval_seed 3000000 overlaps the search episode seeds"):
         list(props_search("pendulum", ["props"], [0, 11], opt, search, SPACE, lp))
+
+
+def test_repeat_control_evaluates_a_random_point_in_place_of_a_repeat(tiny_llm):
+    """Replies A, B, A: kept, the search evaluates A twice; with ``repeats="random"`` the third is replaced by a point
+    of the space (recorded with the repeat), counted as a duplicate, not an LLM proposal; the iterations before it
+    are the same either way. (The parser itself refuses only a repeat of the current point.)"""
+    a, b = "params[0]: 0.5; params[1]: 1; params[2]: -0.5", "params[0]: 1; params[1]: 0; params[2]: 2"
+    lp = PropsLLMParams(backend="openai", model="m", base_url="http://x", spec="tiny")
+    runs = {}
+    for repeats in ("keep", "random"):
+        app, _ = _scripted([a, b, a])
+        states = []
+        with _Server(app) as url:
+            rows = list(props_search("mountaincar_continuous", ["props"], [0], _openai_optimizer(
+                url, tiny_llm.tokenizer), _params(iterations=3), SPACE, lp, states_out=states, repeats=repeats))
+        runs[repeats] = (rows, states[0])
+    kept, _ = runs["keep"]
+    replaced, st = runs["random"]
+    assert [r["proposal"] for r in kept] == ["llm"] * 3 and kept[-1]["duplicates"] == 1
+    assert [r["proposal"] for r in replaced] == ["llm", "llm", "replaced"]
+    assert (replaced[-1]["llm_proposals"], replaced[-1]["duplicates"], replaced[-1]["fallbacks"]) == (2, 1, 0)
+    assert [r["return_mean"] for r in replaced[:2]] == [r["return_mean"] for r in kept[:2]]
+    assert st.records[2]["repeated"] == [0.5, 1, -0.5] and "repeated" not in st.records[1]
+    third = st.history[2][0]
+    assert not any(np.array_equal(third, h) for h, _ in st.history[:2])
+    assert all(SPACE.low <= x <= SPACE.high for x in third)
+    with pytest.raises(ValueError, match="repeats"):
+        list(props_search("mountaincar_continuous", ["props"], [0], None, _params(iterations=1), SPACE, lp,
+                          repeats="drop"))

@@ -21,7 +21,7 @@ Per iteration, for K independent searches (seeds × methods) advancing in lockst
 Every prompt, reply, parse result, re-ask, fault and fallback is recorded in ``SearchState.records``.
 ``props_search`` yields one metrics row per search per iteration with the shared vocabulary (``step``,
 ``episodes``, ``return_mean``) and ProPS's own: ``proposal`` ("llm" or "fallback": where this iteration's point
-came from), ``best_return`` and the cumulative counters ``llm_proposals`` (iterations whose point the LLM made),
+came from; "replaced" in the repeats control), ``best_return`` and the cumulative counters ``llm_proposals`` (iterations whose point the LLM made),
 ``llm_calls``, ``tokens``, ``reasks``, ``parse_failures``, ``example_copies`` (replies that copied the format's
 placeholder), ``parse_errors`` (failures by reason), ``duplicates``, ``faults``, ``fallbacks``, and ``seconds``.
 
@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -59,7 +60,7 @@ from llmrl.llm.faults import FaultGuard, GuardedBackend
 from llmrl.llm.generate import SamplingConfig
 
 __all__ = ["SEED_STRIDE", "SearchState", "search_task", "episode_seeds", "held_out_seeds", "HeldOutEvaluation",
-           "random_point", "OptimizerLLM", "build_optimizer_llm", "reply_cap", "props_search"]
+           "random_point", "OptimizerLLM", "build_optimizer_llm", "reply_cap", "props_search", "single_search"]
 
 SEED_STRIDE = 1_000_000
 TEMPLATES = {"props": "numeric", "props_plus": "semantic"}
@@ -263,8 +264,13 @@ def props_search(
     iterations: int | None = None,
     states_out: list[SearchState] | None = None,
     rep: int = 0,
+    repeats: Literal["keep", "random"] = "keep",
 ) -> Iterator[dict]:
     """Run len(methods) × len(seeds) searches in lockstep; yield one row per search per iteration.
+
+    ``repeats="random"`` is a control, not ProPS: an LLM proposal that repeats a point of its history is evaluated
+    as a uniform random point instead (``proposal`` "replaced", drawn from a stream of its own, so the fallbacks
+    stay those of ``"keep"``). It asks how much of an optimizer's result the repeats alone cost it.
 
     ``rep`` > 0 samples the replies and the fallbacks from further streams: another run of the same searches
     (repetition 0 keeps the streams of runs made before ``rep`` existed).
@@ -272,6 +278,8 @@ def props_search(
     ``task``: a task object (at its horizon) or a control task's key (at ``search.max_episode_steps``' horizon).
     The final ``SearchState`` objects (histories, best points, records) are appended to ``states_out``.
     """
+    if repeats not in ("keep", "random"):
+        raise ValueError(f"repeats: {repeats!r} is neither 'keep' nor 'random'")
     t = search_task(search, task)
     if isinstance(t, (QuadraticTask, FunctionTask)) and "props_plus" in methods:
         raise ValueError(f"methods: props_plus describes an environment; the task {t.key!r} has none (use props)")
@@ -293,6 +301,8 @@ def props_search(
     # The fallback stream depends on (method, seed) only, so a search draws the same points alone or batched.
     states = [SearchState(m, s, np.random.default_rng([s, 7919, list(TEMPLATES).index(m)] + ([rep] if rep else [])))
               for m in methods for s in seeds]
+    replacements = {id(st): np.random.default_rng([st.seed, 104729, list(TEMPLATES).index(st.method)])
+                    for st in states} if repeats == "random" else {}
     if states_out is not None:
         states_out.extend(states)
     if optimizer.guard is not None:  # a fault-free run asks at least one request per search and iteration
@@ -364,11 +374,18 @@ def props_search(
                     proposals[i] = random_point(st.rng, n, space)
                     recs[i]["fallback"] = [float(x) for x in proposals[i]]
                     origin.append("fallback")
+                elif any(np.array_equal(proposals[i], h) for h, _ in st.history):
+                    st.duplicates += 1
+                    if replacements:
+                        recs[i]["repeated"] = [float(x) for x in proposals[i]]
+                        proposals[i] = random_point(replacements[id(st)], n, space)
+                        origin.append("replaced")
+                    else:
+                        st.llm_proposals += 1
+                        origin.append("llm")
                 else:
                     st.llm_proposals += 1
                     origin.append("llm")
-                    if any(np.array_equal(proposals[i], h) for h, _ in st.history):
-                        st.duplicates += 1
             seeds_mat = np.stack([episode_seeds(st.seed, it, search.episodes_per_eval) for st in states])
             returns = evaluator.returns(np.stack(proposals), seeds_mat, search_seeds=[st.seed for st in states])
             seconds = time.perf_counter() - t0
@@ -386,3 +403,19 @@ def props_search(
                        "seconds": seconds}
     finally:
         evaluator.close()
+
+
+def single_search(task: ControlTask, method: str, label: str, seed: int, optimizer: OptimizerLLM,
+                  search: PropsSearchParams, space: PropsSpaceParams, llm_params: PropsLLMParams, *,
+                  adapter: str | None = None, repeats: Literal["keep", "random"] = "keep") -> dict:
+    """One search of ``method``'s template alone (not batched with other seeds: a search's replies depend on which
+    prompts share its batch) and its held-out evaluation, as a run record named ``label``: its rows, best point,
+    LLM counters and held-out returns."""
+    states: list[SearchState] = []
+    rows = [{**row, "method": label} for row in props_search(task, [method], [seed], optimizer, search, space,
+                                                              llm_params, states_out=states, repeats=repeats)]
+    st = states[0]
+    with HeldOutEvaluation(task, search) as held_out:
+        return {"task": task.key, "method": label, "seed": seed, "adapter": adapter, "rows": rows,
+                "best_return": st.best_return, "final_params": [float(x) for x in st.best_params],
+                "final_eval": held_out(st.best_params), **st.counters()}

@@ -360,11 +360,14 @@ def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path
 
     ``episodes`` (and ``grounded_episodes``): at least this many per level and seed, every goal equally often
     (``kalm_levels.per_goal``). ``offline_runs``: (row name, model path) per trained seed — runs sharing a row name are its seeds. Rows are
-    aggregated with ``aggregate_seeds`` (training seed = unit); the random row has ``random_seeds`` seeds; the
+    aggregated with ``aggregate_seeds`` (training seed = unit); a DiscreteBC run ``<policy>-<data>`` is also evaluated
+    with actions drawn from its distribution, as row ``<policy>-sampled-<data>`` (the same draws for every run: one
+    stream per episode); the random row has ``random_seeds`` seeds; the
     grounded LLM row (``grounded.models[benchmark]``, a level's episodes in one batch) one. Each row's entry of
     a level carries its success per goal. The headline gives each row's success per level and their mean.
     """
     import torch
+    from d3rlpy.algos import DiscreteBC
 
     from llmrl.agents.offline_policy import OfflinePolicy
     from llmrl.eval.seeds import aggregate_seeds
@@ -395,6 +398,12 @@ def evaluate_benchmark(benchmark: str, *, offline_runs: Sequence[tuple[str, Path
         for lv in levels:
             record(row, lv, str(path.parent.name), run_level(offline_act(policy, embeds[lv]), goals[lv], pool,
                                                              per_goal[lv], first_seed))
+        if isinstance(policy.learnable, DiscreteBC):  # an imitation policy is a distribution: its draws apart
+            policy_name, _, data = row.rpartition("-")
+            for lv in levels:
+                record(f"{policy_name}-sampled-{data}", lv, str(path.parent.name),
+                       run_level(offline_act(policy, embeds[lv], sample_seed=first_seed), goals[lv], pool,
+                                 per_goal[lv], first_seed))
         log.info("%s %s (%s) evaluated (%.0fs)", benchmark, row, path.parent.name, time.perf_counter() - start)
     for seed in range(random_seeds):
         for lv in levels:

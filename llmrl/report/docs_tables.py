@@ -614,7 +614,8 @@ def props_tables(root: Path, tier: str = "") -> list[DocTable]:
     """ProPS's tables from the default pipeline's results, or (``tier="study/"``) from the study's."""
     tables = []
     evals, ids = f"{tier}metrics/props/eval", tier.replace("/", "-")
-    order = ("props", "props_plus", "props_untuned", "props_tuned", "random_search", "cem", "ppo")
+    order = ("props", "props_plus", "props_untuned", "props_untuned_repeats_random", "props_tuned", "random_search",
+             "cem", "ppo")
     extras = (("search episodes", "train_episodes"), ("LLM-proposed", "llm_proposed"),
               ("parse failure", "parse_failure"))
     if not (Path(root) / evals).is_dir():
@@ -623,7 +624,9 @@ def props_tables(root: Path, tier: str = "") -> list[DocTable]:
         tables.append(headline_folder_table(
             root, f"props-{ids}{task}", f"{task}: held-out return of each run's final policy; every method spends "
             "the same training episodes (`props_tuned`: the GRPO-tuned optimizer, where the task is a transfer "
-            "task; `props_untuned`: the base model run as it is, one search per call).", f"{evals}/{task}", extras=extras, order=order))
+            "task; `props_untuned`: the base model run as it is, one search per call; "
+            "`props_untuned_repeats_random`: the same with each repeated point replaced by a random one).",
+            f"{evals}/{task}", extras=extras, order=order))
     heldout = f"{tier}metrics/props/heldout.json"
     if tier and not (Path(root) / heldout).is_file():
         return tables  # the study is run in parts: its held-out test may not have run yet (the page says so)
