@@ -367,7 +367,8 @@ def test_headline_and_curve_from_runs():
     def run(seed, final, llm):
         rows = [{"episodes": 10 * (i + 1), "best_return": float(seed + i), "seconds": 2.0,
                  **({"llm_calls": 4 * (i + 1), "tokens": 100 * (i + 1), "reasks": 2 * (i + 1),
-                     "parse_failures": 2 * (i + 1), "duplicates": i, "faults": 0, "fallbacks": i} if llm else {})}
+                     "parse_failures": 2 * (i + 1), "duplicates": i, "faults": 0, "fallbacks": i,
+                     "llm_proposals": 1} if llm else {})}
                 for i in range(3)]
         return {"seed": seed, "rows": rows, "best_return": float(seed + 2), "final_eval": final}
 
@@ -530,6 +531,11 @@ def test_repeat_control_evaluates_a_random_point_in_place_of_a_repeat(tiny_llm):
     third = st.history[2][0]
     assert not any(np.array_equal(third, h) for h, _ in st.history[:2])
     assert all(SPACE.low <= x <= SPACE.high for x in third)
+    from llmrl.eval.props import headline, mean_curve
+
+    run = {"rows": replaced, "best_return": st.best_return, "final_eval": [0.0, 1.0]}
+    assert headline([run, {**run, "final_eval": [1.0, 2.0]}], reps=50)["llm"]["llm_proposed"] == 0.6667
+    assert [p["fallbacks"] for p in mean_curve([replaced, kept])] == [0, 0, 1]  # the replaced point is not the LLM's
     with pytest.raises(ValueError, match="repeats"):
         list(props_search("mountaincar_continuous", ["props"], [0], None, _params(iterations=1), SPACE, lp,
                           repeats="drop"))

@@ -42,14 +42,15 @@ def evaluate_ppo(model, task: str | ControlTask, seeds: Sequence[int]) -> np.nda
 
 def mean_curve(runs_rows: Sequence[Sequence[dict]]) -> list[dict]:
     """Seed-mean best return at each row index (runs of one method share their episode schedule). Rows of LLM
-    methods add ``fallbacks``: how many seeds' points at that step were random fallbacks, not the LLM's."""
+    methods add ``fallbacks``: how many seeds' points at that step were random (a fallback, or in the repeat control
+    a point replacing a repeat), not the LLM's."""
     n = min(len(r) for r in runs_rows)
     out = []
     for i in range(n):
         point = {"episodes": int(runs_rows[0][i]["episodes"]),
                  "best_return": round(float(np.mean([r[i]["best_return"] for r in runs_rows])), 4)}
         if "proposal" in runs_rows[0][i]:
-            point["fallbacks"] = sum(r[i]["proposal"] == "fallback" for r in runs_rows)
+            point["fallbacks"] = sum(r[i]["proposal"] != "llm" for r in runs_rows)
         out.append(point)
     return out
 
@@ -92,7 +93,8 @@ def headline(runs: Sequence[dict], *, statistic: str = "mean", confidence: float
             for kind, count in x.get("parse_errors", {}).items():
                 errors[kind] = errors.get(kind, 0) + int(count)
         out["llm"] = {
-            "llm_proposed": round(1 - sum(x["fallbacks"] for x in last) / iters, 4),
+            # the LLM's own points: neither a fallback nor (the repeat control) a random point in place of a repeat
+            "llm_proposed": round(sum(x["llm_proposals"] for x in last) / iters, 4),
             "calls": int(calls),
             "tokens": int(sum(x["tokens"] for x in last)),
             "reasks": int(sum(x["reasks"] for x in last)),
