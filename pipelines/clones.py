@@ -13,13 +13,15 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from pipelines.dvc_run import WORKSPACE_LOCK, dvc
 from pipelines.hosts import lock_first_free
 
 __all__ = ["sync_clone", "run_in_clone", "adopt_lock_entry", "copy_uncached_outs", "forget_recorded_outs", "restore",
-           "workspace_overlay", "slot_lock", "push_uncached_outs", "save_run_cache", "dvc_remote_url"]
+           "workspace_overlay", "apply_overlay", "OverlayTooLarge", "OVERLAY_LIMIT_BYTES", "slot_lock",
+           "push_uncached_outs", "save_run_cache", "dvc_remote_url"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,8 +233,23 @@ def restore(name: str, root: str, remote: str | None, env: dict[str, str], where
                        f"run-cache and computed it again:\n{restored[-2000:]}")
 
 
-def workspace_overlay(root: Path) -> tuple[str, dict[str, str | None]]:
-    """``root``'s HEAD commit and its working-tree changes (path -> base64 content, or None if deleted)."""
+# Prefect's server refuses a flow run whose parameters exceed 524,288 bytes as JSON (HTTP 422; its setting
+# PREFECT_SERVER_API_MAX_PARAMETER_SIZE). The overlay is most of a stage's parameters: kept well under that.
+OVERLAY_LIMIT_BYTES = 400_000
+
+
+class OverlayTooLarge(ValueError):
+    """The workspace's uncommitted changes are too large to travel as a pool flow run's parameters."""
+
+
+def workspace_overlay(root: Path, limit_bytes: int = OVERLAY_LIMIT_BYTES) -> tuple[str, dict[str, str | None]]:
+    """``root``'s HEAD commit and its working-tree changes: path -> its content zlib-compressed and base64-encoded
+    (:func:`apply_overlay` writes it back), or None if deleted.
+
+    Compressed because an edited ``dvc.lock`` alone is about 400 KB (530 KB in base64, over Prefect's limit on a
+    flow run's parameters), about 42 KB compressed. Raises :class:`OverlayTooLarge`, naming the largest files,
+    when the encoded changes exceed ``limit_bytes``: commit them, and the workers fetch them through git.
+    """
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                             check=True).stdout.strip()
     status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames"],
@@ -241,8 +258,26 @@ def workspace_overlay(root: Path) -> tuple[str, dict[str, str | None]]:
     for entry in filter(None, status.split("\0")):
         rel = entry[3:]
         path = root / rel
-        files[rel] = base64.b64encode(path.read_bytes()).decode() if path.is_file() else None
+        files[rel] = base64.b64encode(zlib.compress(path.read_bytes(), 6)).decode() if path.is_file() else None
+    size = sum(len(rel) + len(content or "") for rel, content in files.items())
+    if size > limit_bytes:
+        largest = sorted(files, key=lambda rel: len(files[rel] or ""), reverse=True)[:5]
+        raise OverlayTooLarge(
+            f"the uncommitted changes of {root} take {size:,} bytes encoded, over the {limit_bytes:,} a pool flow run's "
+            f"parameters may carry; commit them (the workers fetch commits through git). Largest: "
+            + ", ".join(f"{rel} ({len(files[rel] or ''):,} bytes)" for rel in largest))
     return commit, files
+
+
+def apply_overlay(clone: Path, files: dict[str, str | None]) -> None:
+    """Write :func:`workspace_overlay`'s changes into ``clone`` (a checkout of the same commit)."""
+    for rel, content in files.items():
+        path = clone / rel
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(zlib.decompress(base64.b64decode(content)))
 
 
 @contextlib.contextmanager

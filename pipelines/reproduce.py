@@ -45,7 +45,6 @@ Run: ``python pipelines/reproduce.py [--stages glam_eval ...] [--gpus N] [--work
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import hashlib
 import os
@@ -65,7 +64,7 @@ if str(ROOT) not in sys.path:  # run as a script (`python pipelines/reproduce.py
 
 from pipelines import hosts  # noqa: E402
 from pipelines.artifacts import publish  # noqa: E402
-from pipelines.clones import (dvc_remote_url, restore, run_in_clone, slot_lock, sync_clone,  # noqa: E402
+from pipelines.clones import (apply_overlay, dvc_remote_url, restore, run_in_clone, slot_lock, sync_clone,  # noqa: E402
                               workspace_overlay)
 from pipelines.dag import read_dag  # noqa: E402
 from pipelines.dvc_run import WORKSPACE_LOCK, dvc, stage_env, up_to_date  # noqa: E402
@@ -152,13 +151,7 @@ def run_stage_flow(stage: str, upstream: list[str], git_url: str, commit: str, f
             subprocess.run(["git", "clone", "-q", "--no-checkout", git_url, str(clone)], check=True, capture_output=True)
         subprocess.run(["git", "fetch", "-q", "origin", commit], cwd=clone, check=True, capture_output=True)
         subprocess.run(["git", "checkout", "-q", "--force", commit], cwd=clone, check=True, capture_output=True)
-        for rel, content in files.items():
-            path = clone / rel
-            if content is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(base64.b64decode(content))
+        apply_overlay(clone, files)
         lines = ["[core]", f"    remote = {remote}"]
         if remote_url:
             lines += [f"['remote \"{remote}\"']", f"    url = {remote_url}"]

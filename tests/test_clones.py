@@ -4,18 +4,22 @@ exercise them together; these check each on its own."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
 
-from pipelines.clones import (adopt_lock_entry, forget_recorded_outs, restore, run_in_clone, slot_lock, sync_clone,
-                              workspace_overlay)
+from pipelines.clones import (OVERLAY_LIMIT_BYTES, OverlayTooLarge, adopt_lock_entry, apply_overlay, forget_recorded_outs,
+                              restore, run_in_clone, slot_lock, sync_clone, workspace_overlay)
 from pipelines.dvc_run import dvc, stage_env, tail
 
 from .test_pipeline import _dvc, _git
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LOCK = {"schema": "2.0", "stages": {
     "a": {"cmd": "make a", "deps": [{"path": "x", "md5": "1"}], "outs": [{"path": "a.txt", "md5": "2"}]},
@@ -83,6 +87,21 @@ def test_the_overlay_carries_a_commit_and_its_uncommitted_changes(workspace):
     commit, files = workspace_overlay(workspace)
     assert len(commit) == 40
     assert files["gone.txt"] is None and set(files) == {"kept.txt", "gone.txt", "new.txt"}
+    clone = workspace.parent / "overlay-clone"
+    subprocess.run(["git", "clone", "-q", str(workspace), str(clone)], check=True)
+    apply_overlay(clone, files)
+    assert (clone / "kept.txt").read_text() == "edited\n" and (clone / "new.txt").read_text() == "new\n"
+    assert not (clone / "gone.txt").exists()
+
+
+def test_an_edited_dvc_lock_travels_and_too_large_a_change_is_refused_by_name(workspace):
+    # this project's dvc.lock (about 400 KB) was 530 KB in plain base64: Prefect's server refused the flow run (422)
+    (workspace / "dvc.lock").write_bytes((ROOT / "dvc.lock").read_bytes())
+    _, files = workspace_overlay(workspace)
+    assert sum(len(content or "") for content in files.values()) < OVERLAY_LIMIT_BYTES / 4
+    (workspace / "weights.bin").write_bytes(os.urandom(OVERLAY_LIMIT_BYTES))
+    with pytest.raises(OverlayTooLarge, match=r"commit them .*weights\.bin"):
+        workspace_overlay(workspace)
 
 
 def test_a_stage_with_a_plain_git_tracked_output_leaves_its_clone_through_the_run_cache(workspace, tmp_path):
