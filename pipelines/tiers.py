@@ -65,8 +65,8 @@ STUDY_MINUTES: dict[str, float] = {
     "kalm_data": 1, "kalm_ground": 25, "kalm_gate0": 0.2, "kalm_imagine": 4, "kalm_offline_real": 18,
     "kalm_offline_imagine": 18, "kalm_eval": 10,
     "props_search": 24.5, "props_quadratic": 11, "props_baselines": 12, "props_grpo_part": 16, "props_grpo": 0.5,
-    "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 14,
-    "props_repeat_control": 7,
+    "props_heldout_tuned": 17, "props_heldout_reference": 19, "props_heldout": 0.5, "props_transfer": 21,
+    "props_repeat_control": 11,
     "props_eval": 0.5,
     "llm_rl_data": 0.5, "llm_rl_train": 13, "llm_rl_eval": 11,
 }

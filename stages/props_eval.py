@@ -1,6 +1,6 @@
 """Stage props_eval: ProPS, ProPS+ and every baseline side by side, per task, with seed-level intervals of the
 held-out return of each run's final policy; the quadratic check (ProPS against random search without an
-environment); the GRPO-tuned optimizer (props_transfer, at the search's budget and seeds) in the table of each
+environment); the GRPO-tuned optimizer (props_transfer, at the search's budget, on props.transfer.seeds) in the table of each
 transfer task beside the same base model run the same way (``<method>_untuned``), and their seed-paired
 difference; the repeat control (props_repeat_control: the base model with its repeated points replaced by random
 ones, ``<method>_untuned_repeats_random``) in the same table, paired with both. Every table compares
@@ -52,23 +52,22 @@ def main(argv: list[str] | None = None) -> None:
             runs = read_json(paths.props_search(key).runs / "runs.json")["runs"]
             runs += read_json(paths.props_baselines().runs / f"{key}.json")["runs"]
             if key in tr.tasks:
-                tuned = [r for seed in search.seeds
+                tuned = [r for seed in tr.seeds
                          for r in read_json(paths.props_transfer(key, seed).runs / "runs.json")["runs"]]
                 runs += tuned
                 pair = ([r for r in tuned if r["method"] == f"{tr.method}_tuned"],
                         [r for r in tuned if r["method"] == f"{tr.method}_untuned"])
-                report["transfer"][key] = (paired_difference(*pair, confidence=ev.confidence, reps=ev.reps)
-                                           if len(pair[0]) >= 2 else {"seeds": len(pair[0]), "verdict": "one seed"})
-                control = [r for seed in search.seeds
+                report["transfer"][key] = paired_difference(*pair, confidence=ev.confidence, reps=ev.reps,
+                                                            group_by="adapter")
+                control = [r for seed in tr.seeds
                            for r in read_json(paths.props_repeat_control(key, seed).runs / "runs.json")["runs"]]
                 runs += control
-                if len(control) >= 2:
-                    report["repeat_control"][key] = {
-                        "control_minus_untuned": paired_difference(control, pair[1], confidence=ev.confidence,
-                                                                   reps=ev.reps),
-                        "tuned_minus_control": paired_difference(pair[0], control, confidence=ev.confidence,
-                                                                 reps=ev.reps),
-                        "repeats_replaced": [sum(x["proposal"] == "replaced" for x in r["rows"]) for r in control]}
+                report["repeat_control"][key] = {
+                    "control_minus_untuned": paired_difference(control, pair[1], confidence=ev.confidence,
+                                                               reps=ev.reps),
+                    "tuned_minus_control": paired_difference(pair[0], control, confidence=ev.confidence,
+                                                             reps=ev.reps, group_by="adapter"),
+                    "repeats_replaced": [sum(x["proposal"] == "replaced" for x in r["rows"]) for r in control]}
             methods = list(dict.fromkeys(r["method"] for r in runs))
             table = {m: headline([r for r in runs if r["method"] == m], **kw) for m in methods}
             check_equal_budgets(table, name=f"props_eval {key}")

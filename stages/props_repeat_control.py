@@ -7,7 +7,7 @@ Why: the tuned optimizer repeats almost no point and the base model repeats many
 replaced does as well as the tuned one, the tuning's gain is the repeats it removed, not better points;
 props_eval tables the three runs, paired by search seed.
 
-``python -m stages.props_repeat_control <task> <seed>``: a task of props.transfer.tasks, a seed of props.search.seeds.
+``python -m stages.props_repeat_control <task> <seed>``: a task of props.transfer.tasks, a seed of props.transfer.seeds.
 Reads props.space, props.llm, props.search, props.grpo.model and props.transfer. Writes
 data/props/repeat_control/<task>/<seed>/runs.json (one run, method ``<method>_untuned_repeats_random``) and caches
 replies by content under data/props/replies/repeat_control-<task>-<seed>.
@@ -18,33 +18,26 @@ import time
 import torch
 
 from llmrl.algos.props_search import build_optimizer_llm, search_task, single_search
-from llmrl.config.props import PropsGRPOParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams, \
-    PropsTransferParams
+from llmrl.config.props import PropsGRPOParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.files import write_json
 from llmrl.llm.faults import FaultGuard
 from llmrl.seeding import seed_everything
 from stages import paths
-from stages.common import log, stage_arguments, stage_params
+from stages.common import log, stage_params
+from stages.props_transfer import transfer_item
 
 REPEAT_CONTROL = "untuned_repeats_random"  # the run's method suffix, beside props_transfer's _tuned and _untuned
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("props_repeat_control", argv, task="control task key (props.transfer.tasks)",
-                           seed="search seed (props.search.seeds)")
+    task_key, seed, _, tr = transfer_item("props_repeat_control", argv)
     search = stage_params("props.search", PropsSearchParams)
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
-    tr = stage_params("props.transfer", PropsTransferParams)
     g = stage_params("props.grpo", PropsGRPOParams)
-    if args.task not in tr.tasks:
-        raise SystemExit(f"props_repeat_control: task {args.task!r} is not among props.transfer.tasks {tr.tasks}")
-    if args.seed not in [str(s) for s in search.seeds]:
-        raise SystemExit(f"props_repeat_control: seed {args.seed!r} is not among props.search.seeds {search.seeds}")
-    seed = int(args.seed)
-    out = paths.props_repeat_control(args.task, seed)
+    out = paths.props_repeat_control(task_key, seed)
     torch.set_num_threads(llm_p.threads)
-    task = search_task(search, args.task)
+    task = search_task(search, task_key)
     local = llm_p.model_copy(update={"backend": "local", "spec": g.model})
     start = time.perf_counter()
     seed_everything(0)  # as props_transfer's untuned run

@@ -1,6 +1,6 @@
-"""Stage props_transfer: the GRPO-tuned optimizer in the ProPS search on one control task, at the search's budget and
-seeds, so that props_eval tables it beside the base model's ProPS runs (props_search) and the baselines of the same
-task. No environment reward reached the tuned optimizer's training (it learned on objective functions at the CPU
+"""Stage props_transfer: the GRPO-tuned optimizer in the ProPS search on one control task, at the search's budget, on
+one seed of props.transfer.seeds, so that props_eval tables it beside the base model's ProPS runs (props_search) and
+the baselines of the same task. No environment reward reached the tuned optimizer's training (it learned on objective functions at the CPU
 tiers), so this is a test of transfer.
 
 The control: the same base model without the adapter, run exactly as the tuned optimizer is (``<method>_untuned``:
@@ -8,11 +8,11 @@ one search seed per call). A search's replies depend on which prompts share its 
 props_search (its seeds batched) are no control for a search run alone: at the default, with the adapter at its
 step-0 weights (the base model's), the two differed by 35 in mean return on MountainCarContinuous.
 
-``python -m stages.props_transfer <task> <seed>``: one search seed (of props.search.seeds) per call, so that no
-stage runs a task's six searches in a row. Search seed ``props.search.seeds[i]`` is run by the adapter of training
-seed ``props.grpo.seeds[i mod n]`` (``models/props/grpo/<seed>``), on the model it was trained on
+``python -m stages.props_transfer <task> <seed>``: one search seed (of props.transfer.seeds) per call, so that no
+stage runs a task's six searches in a row. Transfer seed ``props.transfer.seeds[i]`` is run by the adapter of
+training seed ``props.grpo.seeds[i mod n]`` (``models/props/grpo/<seed>``), on the model it was trained on
 (``props.grpo.model``, in-process: an adapter applies to a local model; props.llm's sampling, caps and fault
-policy). Reads props.space, props.llm, props.search (budget, seeds, caps, hint, held-out seeds), props.grpo.seeds
+policy). Reads props.space, props.llm, props.search (budget, caps, hint, held-out seeds), props.grpo.seeds
 and props.transfer. Writes data/props/transfer/<task>/<seed>/runs.json (the tuned and untuned run: rows, best
 point, LLM counters, held-out returns, the adapter) and caches replies by content under
 data/props/replies/transfer-<task>-<seed>.
@@ -33,23 +33,29 @@ from stages.common import log, stage_arguments, stage_params
 from stages.paths import ROOT
 
 
+def transfer_item(stage: str, argv: list[str] | None) -> tuple[str, int, int, PropsTransferParams]:
+    """The task, the seed, the seed's position in props.transfer.seeds and props.transfer of a stage item of the
+    transfer's matrix (props_transfer, props_repeat_control); a task or seed outside it exits naming the field."""
+    args = stage_arguments(stage, argv, task="control task key (props.transfer.tasks)",
+                           seed="search seed (props.transfer.seeds)")
+    tr = stage_params("props.transfer", PropsTransferParams)
+    if args.task not in tr.tasks:
+        raise SystemExit(f"{stage}: task {args.task!r} is not among props.transfer.tasks {tr.tasks}")
+    if args.seed not in [str(s) for s in tr.seeds]:
+        raise SystemExit(f"{stage}: seed {args.seed!r} is not among props.transfer.seeds {tr.seeds}")
+    i = [str(s) for s in tr.seeds].index(args.seed)
+    return args.task, tr.seeds[i], i, tr
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = stage_arguments("props_transfer", argv, task="control task key (props.transfer.tasks)",
-                           seed="search seed (props.search.seeds)")
+    task_key, seed, i, tr = transfer_item("props_transfer", argv)
     search = stage_params("props.search", PropsSearchParams)
     llm_p = stage_params("props.llm", PropsLLMParams)
     space = stage_params("props.space", PropsSpaceParams)
-    tr = stage_params("props.transfer", PropsTransferParams)
     g = stage_params("props.grpo", PropsGRPOParams)
-    if args.task not in tr.tasks:
-        raise SystemExit(f"props_transfer: task {args.task!r} is not among props.transfer.tasks {tr.tasks}")
-    if args.seed not in [str(s) for s in search.seeds]:
-        raise SystemExit(f"props_transfer: seed {args.seed!r} is not among props.search.seeds {search.seeds}")
-    i = [str(s) for s in search.seeds].index(args.seed)
-    seed = search.seeds[i]
-    out = paths.props_transfer(args.task, seed)
+    out = paths.props_transfer(task_key, seed)
     torch.set_num_threads(llm_p.threads)
-    task = search_task(search, args.task)
+    task = search_task(search, task_key)
     guard = FaultGuard(llm_p.faults, "props.llm.faults")
     local = llm_p.model_copy(update={"backend": "local", "spec": g.model})
     runs = []

@@ -84,6 +84,7 @@ TINY: dict[str, dict] = {
         "baselines": {"cem": {"population": 2, "episodes_per_candidate": 1},
                       "ppo": {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "net_arch": [8]}},
         "eval": {"reps": 50},
+        "transfer": {"seeds": [0, 1]},  # the fewest the paired difference takes
         "quadratic": {"iterations": 2, "seeds": [0, 1], "cem": {"population": 2}},
         "grpo": {"model": "models/base_llm", "vectors": 3, "episodes": 1, "validation_samples": 1,
                  "functions": {"train_examples": 4, "validation_examples": 2, "dims": [2]},

@@ -432,6 +432,26 @@ def test_paired_difference_says_better_worse_or_no_difference():
         paired_difference(runs([1]), runs([1]))
 
 
+def test_paired_difference_by_adapter_resamples_adapters_then_their_searches():
+    from llmrl.eval.props import paired_difference
+
+    def runs(values, adapters):
+        return [{"seed": s, "final_eval": [v], "adapter": a} for s, (v, a) in enumerate(zip(values, adapters))]
+
+    base = runs([0] * 6, [None] * 6)
+    # two adapters, each in three searches: one adapter helps a lot, the other not at all
+    tuned = runs([10, 11, 12, 0, -1, 1], ["a", "a", "a", "b", "b", "b"])
+    by_seed = paired_difference(tuned, base, reps=2000)
+    by_adapter = paired_difference(tuned, base, reps=2000, group_by="adapter")
+    assert by_adapter["difference"] == by_seed["difference"] == 5.5 and by_adapter["groups"] == 2
+    # six searches counted as independent draws say "better"; two adapters cannot
+    assert by_seed["verdict"] == "better" and by_adapter["verdict"] == "no difference"
+    assert by_adapter["ci_high"] - by_adapter["ci_low"] > by_seed["ci_high"] - by_seed["ci_low"]
+    # one adapter for every search (the default tier): the seeds are the units, the interval as without grouping
+    one = runs([10, 11, 12, 0, -1, 1], ["a"] * 6)
+    assert paired_difference(one, base, reps=500, group_by="adapter") == paired_difference(one, base, reps=500)
+
+
 def test_the_quadratic_task_has_its_maximum_at_a_centre_per_seed(tiny_llm):
     from llmrl.envs.control import QuadraticTask
 
@@ -539,3 +559,19 @@ def test_repeat_control_evaluates_a_random_point_in_place_of_a_repeat(tiny_llm):
     with pytest.raises(ValueError, match="repeats"):
         list(props_search("mountaincar_continuous", ["props"], [0], None, _params(iterations=1), SPACE, lp,
                           repeats="drop"))
+
+
+def test_the_transfer_stages_refuse_a_task_or_seed_outside_props_transfer():
+    from stages import props_repeat_control, props_transfer
+
+    with pytest.raises(SystemExit, match=r"props_transfer: seed '7' is not among props\.transfer\.seeds \[0, 1, 2\]"):
+        props_transfer.main(["mountaincar_continuous", "7"])
+    with pytest.raises(SystemExit, match=r"props_repeat_control: task 'pendulum' is not among props\.transfer\.tasks"):
+        props_repeat_control.main(["pendulum", "0"])
+
+
+def test_transfer_seeds_must_be_distinct():
+    from llmrl.config.props import PropsTransferParams
+
+    with pytest.raises(ValueError, match=r"props\.transfer\.seeds must be distinct"):
+        PropsTransferParams(seeds=[0, 1, 1])

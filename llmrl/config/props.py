@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmrl.config import DTYPE_HELP, TIER_HELP, ComputeDType, Section, TierName
 from llmrl.config.grpo import GRPOTrainParams
@@ -158,14 +158,27 @@ class PropsBaselinesParams(Section):
 
 class PropsTransferParams(Section):
     """``props.transfer``: the GRPO-tuned optimizer in the ProPS search on control tasks (``props_transfer``), at
-    the search's budget and seeds, tabled beside the base model's ProPS runs and the baselines of the same task.
-    Search seed i uses the adapter of training seed ``props.grpo.seeds[i mod n]``."""
+    the search's budget, beside the same base model run the same way and the repeat control
+    (``props_repeat_control``), tabled with the base model's ProPS runs and the baselines of the same task."""
 
     tasks: list[str] = Field(["mountaincar_continuous"], min_length=1,
                              description="control tasks, each among props.search.tasks (the base model's runs and "
                                          "the baselines come from there); one DVC stage item each")
     method: PropsMethod = Field("props", description="template the tuned optimizer is asked with (its base runs: "
                                                      "props_search's runs of the same method)")
+    seeds: list[int] = Field([0, 1, 2], min_length=2,
+                             description="search seeds of the transfer and of its repeat control, one stage item "
+                                         "each; seed i (by position) is run by the adapter of training seed "
+                                         "props.grpo.seeds[i mod n]; props_eval pairs the tuned, untuned and "
+                                         "control runs by these seeds (the baselines, on props.search.seeds, are "
+                                         "tabled beside them, not paired)")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"props.transfer.seeds must be distinct, got {v}")
+        return v
 
 
 class PropsQuadraticParams(Section):

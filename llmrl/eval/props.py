@@ -126,11 +126,16 @@ def metrics_of(h: dict) -> dict:
 
 
 def paired_difference(runs: Sequence[dict], baseline: Sequence[dict], *, confidence: float = 0.95,
-                      reps: int = 2000, seed: int = 0) -> dict:
+                      reps: int = 2000, seed: int = 0, group_by: str | None = None) -> dict:
     """Seed-paired difference of the final values (mean of ``final_eval``) of ``runs`` minus ``baseline``: the
     mean over seeds with a percentile-bootstrap interval over seeds, the seeds won, and the verdict ("better":
     interval above 0, "worse": below, "no difference" otherwise). The quadratic check's answer: does the LLM
-    find more than random search at the same number of evaluations?"""
+    find more than random search at the same number of evaluations?
+
+    ``group_by`` names a field of ``runs`` whose seeds share a source of variation (the tuned optimizer's
+    ``adapter``: search seeds i and i + n run the same adapter). With more than one group the interval resamples
+    the groups, then the seeds within each drawn group (a two-level bootstrap), so that it is not narrowed by
+    counting two searches of one adapter as independent draws; ``groups`` then says how many there were."""
     mine = {r["seed"]: float(np.mean(r["final_eval"])) for r in runs}
     other = {r["seed"]: float(np.mean(r["final_eval"])) for r in baseline}
     seeds = sorted(mine.keys() & other.keys())
@@ -138,9 +143,19 @@ def paired_difference(runs: Sequence[dict], baseline: Sequence[dict], *, confide
         raise ValueError(f"paired_difference: needs >= 2 seeds run by both, got {seeds}")
     d = np.array([mine[s] - other[s] for s in seeds])
     rng = np.random.default_rng(seed)
-    boot = d[rng.integers(0, len(d), size=(reps, len(d)))].mean(axis=1)
+    label = {r["seed"]: str(r[group_by]) for r in runs} if group_by else {}
+    groups = [np.array([k for k, s in enumerate(seeds) if label[s] == g])
+              for g in dict.fromkeys(label[s] for s in seeds)] if group_by else []
+    if len(groups) > 1:
+        boot = np.empty(reps)
+        for b in range(reps):
+            drawn = [groups[j] for j in rng.integers(0, len(groups), size=len(groups))]
+            boot[b] = np.concatenate([d[g[rng.integers(0, len(g), size=len(g))]] for g in drawn]).mean()
+    else:  # one group (or none): the seeds are the units
+        boot = d[rng.integers(0, len(d), size=(reps, len(d)))].mean(axis=1)
     lo, hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
     verdict = "better" if lo > 0 else "worse" if hi < 0 else "no difference"
     return {"difference": round(float(d.mean()), 4), "ci_low": round(float(lo), 4), "ci_high": round(float(hi), 4),
             "seeds": len(seeds), "seeds_won": int((d > 0).sum()), "verdict": verdict,
+            **({"groups": len(groups)} if len(groups) > 1 else {}),
             "per_seed": [round(float(x), 4) for x in d]}
