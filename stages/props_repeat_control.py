@@ -24,7 +24,7 @@ from llmrl.llm.faults import FaultGuard
 from llmrl.seeding import seed_everything
 from stages import paths
 from stages.common import log, stage_params
-from stages.props_transfer import transfer_item
+from stages.props_transfer_common import transfer_item
 
 REPEAT_CONTROL = "untuned_repeats_random"  # the run's method suffix, beside props_transfer's _tuned and _untuned
 

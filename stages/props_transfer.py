@@ -23,28 +23,14 @@ import time
 import torch
 
 from llmrl.algos.props_search import build_optimizer_llm, search_task, single_search
-from llmrl.config.props import PropsGRPOParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams, \
-    PropsTransferParams
+from llmrl.config.props import PropsGRPOParams, PropsLLMParams, PropsSearchParams, PropsSpaceParams
 from llmrl.files import write_json
 from llmrl.llm.faults import FaultGuard
 from llmrl.seeding import seed_everything
 from stages import paths
-from stages.common import log, stage_arguments, stage_params
+from stages.common import log, stage_params
+from stages.props_transfer_common import transfer_item
 from stages.paths import ROOT
-
-
-def transfer_item(stage: str, argv: list[str] | None) -> tuple[str, int, int, PropsTransferParams]:
-    """The task, the seed, the seed's position in props.transfer.seeds and props.transfer of a stage item of the
-    transfer's matrix (props_transfer, props_repeat_control); a task or seed outside it exits naming the field."""
-    args = stage_arguments(stage, argv, task="control task key (props.transfer.tasks)",
-                           seed="search seed (props.transfer.seeds)")
-    tr = stage_params("props.transfer", PropsTransferParams)
-    if args.task not in tr.tasks:
-        raise SystemExit(f"{stage}: task {args.task!r} is not among props.transfer.tasks {tr.tasks}")
-    if args.seed not in [str(s) for s in tr.seeds]:
-        raise SystemExit(f"{stage}: seed {args.seed!r} is not among props.transfer.seeds {tr.seeds}")
-    i = [str(s) for s in tr.seeds].index(args.seed)
-    return args.task, tr.seeds[i], i, tr
 
 
 def main(argv: list[str] | None = None) -> None:

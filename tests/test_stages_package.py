@@ -18,7 +18,7 @@ from stages.launch import launched
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ROOT / "stages"
 # Modules of the package that are not stages: what the stages share.
-SHARED = {"__init__", "common", "paths", "launch", "props_common", "props_heldout_common", "llm4teach_common",
+SHARED = {"__init__", "common", "paths", "launch", "props_common", "props_heldout_common", "props_transfer_common", "llm4teach_common",
           "kalm_offline_common"}
 
 
